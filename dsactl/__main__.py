@@ -1,0 +1,3 @@
+from dsactl.cli import main
+
+main()

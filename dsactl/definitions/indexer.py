@@ -1,0 +1,101 @@
+"""dsa_topk_indexer: FP8 lightning indexer scores + top-k + page-table translation.
+
+Contest contract (DESIGN.md section 2): dsa_topk_indexer_fp8_h64_d128_topk2048_ps64.
+Variants: heads {32, 64}, topk {512, 1024, 2048}, next_n 1-4 query tokens per
+request (name suffix `_nextnN`; q, weights and the output gain a next_n axis and
+token j of n sees seq_len - n + j + 1 tokens).
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from dsactl.definitions.base import Definition, TensorSpec
+from dsactl.fp8 import INDEX_HEAD_DIM, PAGE_SIZE, dequantize_index_k
+
+HEADS = (32, 64)
+TOPKS = (512, 1024, 2048)
+NEXT_NS = (1, 2, 3, 4)
+NAME_RE = re.compile(r"^dsa_topk_indexer_fp8_h(\d+)_d128_topk(\d+)_ps64(?:_nextn(\d+))?$")
+
+
+def reference(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk=2048, next_n=1):
+    """Per request, per query token: dequantize the keys of its pages, score
+    I[s] = sum_h w[h] * relu(q[h] . k[s]) over the tokens it may see, keep the
+    top-k, translate logical positions to physical ids, pad with -1."""
+    batch_size = q_index_fp8.shape[0]
+    q = q_index_fp8.float().reshape(batch_size, next_n, -1, INDEX_HEAD_DIM)
+    w = weights.float().reshape(batch_size, next_n, -1)
+    k_all = dequantize_index_k(k_index_cache_fp8)  # [num_pages, 64, 128]
+    out = torch.full((batch_size, next_n, topk), -1, dtype=torch.int32, device=q.device)
+    for b in range(batch_size):
+        seq_len = int(seq_lens[b])
+        for j in range(next_n):
+            visible = seq_len - next_n + j + 1
+            if visible <= 0:
+                continue
+            num_pages = (visible + PAGE_SIZE - 1) // PAGE_SIZE
+            pages = block_table[b, :num_pages].long()
+            k = k_all[pages].reshape(-1, INDEX_HEAD_DIM)[:visible]  # [visible, 128]
+            scores = (torch.relu(q[b, j] @ k.T) * w[b, j][:, None]).sum(dim=0)  # [visible]
+            chosen = torch.topk(scores, min(topk, visible)).indices
+            physical = block_table[b, chosen // PAGE_SIZE] * PAGE_SIZE + chosen % PAGE_SIZE
+            out[b, j, : chosen.numel()] = physical.to(torch.int32)
+    return out.reshape(batch_size, topk) if next_n == 1 else out
+
+
+def make(heads: int = 64, topk: int = 2048, next_n: int = 1) -> Definition:
+    if heads not in HEADS:
+        raise ValueError(f"indexer heads must be one of {HEADS}, got {heads}")
+    if topk not in TOPKS:
+        raise ValueError(f"indexer topk must be one of {TOPKS}, got {topk}")
+    if next_n not in NEXT_NS:
+        raise ValueError(f"indexer next_n must be one of {NEXT_NS}, got {next_n}")
+    mtp = ("next_n",) if next_n > 1 else ()
+    name = f"dsa_topk_indexer_fp8_h{heads}_d128_topk{topk}_ps64" + (f"_nextn{next_n}" if next_n > 1 else "")
+    consts = {"num_index_heads": heads, "index_head_dim": INDEX_HEAD_DIM, "page_size": PAGE_SIZE,
+              "kv_cache_num_heads": 1, "head_dim_with_scale": 132, "topk": topk}
+    if next_n > 1:
+        consts["next_n"] = next_n
+    return Definition(
+        name=name,
+        op_type="dsa_paged",
+        description=(
+            f"DSA lightning indexer, {heads} FP8 heads of dim 128 over a paged FP8 K cache "
+            f"(8448-byte pages), top-{topk} with translation to physical token ids"
+            + (f", {next_n} query tokens per request (causal)" if next_n > 1 else "")
+        ),
+        const_axes=consts,
+        var_axes=("batch_size", "num_pages", "max_num_pages"),
+        inputs=(
+            TensorSpec("q_index_fp8", ("batch_size", *mtp, "num_index_heads", "index_head_dim"), "float8_e4m3fn"),
+            TensorSpec("k_index_cache_fp8", ("num_pages", "page_size", "kv_cache_num_heads", "head_dim_with_scale"),
+                       "int8", "per page: 64x128 e4m3 bytes, then 64 fp32 scales"),
+            TensorSpec("weights", ("batch_size", *mtp, "num_index_heads"), "float32", "q scale and softmax scale folded in"),
+            TensorSpec("seq_lens", ("batch_size",), "int32"),
+            TensorSpec("block_table", ("batch_size", "max_num_pages"), "int32"),
+        ),
+        outputs=(
+            TensorSpec("topk_indices", ("batch_size", *mtp, "topk"), "int32", "physical token ids, -1 padded, any order"),
+        ),
+        constraints=(
+            "1 <= seq_lens[b] <= max_num_pages * page_size",
+            "block_table[b, p] < num_pages for p < ceil(seq_lens[b] / page_size)",
+        ) + (("token j of next_n sees seq_lens[b] - next_n + j + 1 tokens",) if next_n > 1 else ()),
+        reference=reference,
+        params={"heads": heads, "topk": topk, "next_n": next_n},
+        tags=("stage:indexer",) + (("contest",) if (heads, topk, next_n) == (64, 2048, 1) else ()),
+    )
+
+
+def parse(name: str) -> Definition | None:
+    m = NAME_RE.match(name)
+    if not m:
+        return None
+    return make(int(m.group(1)), int(m.group(2)), int(m.group(3) or 1))
+
+
+def variants() -> list[Definition]:
+    return [make(h, k, n) for h in (64, 32) for k in (2048, 1024, 512) for n in NEXT_NS]

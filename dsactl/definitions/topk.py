@@ -1,0 +1,80 @@
+"""dsa_topk_page_transform: top-k over score rows fused with page-table translation.
+
+The middle stage of DSA as its own operator, so the top-k kernel is verified and
+timed alone. Row r belongs to request row_to_batch[r] (several query rows per
+request for MTP); its first lengths[r] scores are valid. Output: physical ids
+block_table[b, i // 64] * 64 + i % 64 of the top min(topk, length) positions,
+-1 padded, in any order. Scores are fp32 (or bf16 with the `_bf16` suffix).
+
+NaN rule: a NaN score ranks below every number, -inf included; it is selected
+only when the row has fewer than topk non-NaN scores.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+
+from dsactl.definitions.base import Definition, TensorSpec
+from dsactl.fp8 import PAGE_SIZE
+
+MAX_TOPK = 2048
+NAME_RE = re.compile(r"^dsa_topk_page_transform_topk(\d+)_ps64(_bf16)?$")
+
+
+def rank_key(scores: torch.Tensor) -> torch.Tensor:
+    """float64 keys whose order is the contract's order: -inf becomes the lowest
+    finite double so that NaN, mapped to -inf, ranks below it."""
+    key = scores.double()
+    key = torch.where(key == float("-inf"), torch.finfo(torch.float64).min, key)
+    return torch.where(torch.isnan(key), float("-inf"), key)
+
+
+def reference(scores, lengths, block_table, row_to_batch, topk=2048):
+    """Per row: top min(topk, length) of the valid scores by rank_key, translated
+    through the row's request's block table, -1 padded."""
+    num_rows = scores.shape[0]
+    out = torch.full((num_rows, topk), -1, dtype=torch.int32, device=scores.device)
+    for r in range(num_rows):
+        length = int(lengths[r])
+        if length <= 0:
+            continue
+        b = int(row_to_batch[r])
+        chosen = torch.topk(rank_key(scores[r, :length]), min(topk, length)).indices
+        physical = block_table[b, chosen // PAGE_SIZE] * PAGE_SIZE + chosen % PAGE_SIZE
+        out[r, : chosen.numel()] = physical.to(torch.int32)
+    return out
+
+
+def make(topk: int = 2048, bf16: bool = False) -> Definition:
+    if not 0 < topk <= MAX_TOPK:
+        raise ValueError(f"top-k must be in [1, {MAX_TOPK}], got {topk}")
+    return Definition(
+        name=f"dsa_topk_page_transform_topk{topk}_ps64" + ("_bf16" if bf16 else ""),
+        op_type="dsa_topk",
+        description=f"exact top-{topk} of {'bf16' if bf16 else 'fp32'} score rows fused with page-table translation",
+        const_axes={"topk": topk, "page_size": PAGE_SIZE},
+        var_axes=("num_rows", "max_len", "batch_size", "max_num_pages"),
+        inputs=(
+            TensorSpec("scores", ("num_rows", "max_len"), "bfloat16" if bf16 else "float32"),
+            TensorSpec("lengths", ("num_rows",), "int32"),
+            TensorSpec("block_table", ("batch_size", "max_num_pages"), "int32"),
+            TensorSpec("row_to_batch", ("num_rows",), "int32"),
+        ),
+        outputs=(TensorSpec("topk_indices", ("num_rows", "topk"), "int32", "physical ids, -1 padded, any order"),),
+        constraints=("0 <= lengths[r] <= min(max_len, max_num_pages * page_size)", "0 <= row_to_batch[r] < batch_size",
+                     "NaN ranks below -inf"),
+        reference=reference,
+        params={"topk": topk, "bf16": bf16},
+        tags=("stage:topk",),
+    )
+
+
+def parse(name: str) -> Definition | None:
+    m = NAME_RE.match(name)
+    return make(int(m.group(1)), bool(m.group(2))) if m else None
+
+
+def variants() -> list[Definition]:
+    return [make(k, bf) for k in (2048, 1024, 512) for bf in (False, True)]
