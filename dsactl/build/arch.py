@@ -1,0 +1,109 @@
+"""The GPU architectures dsactl builds for, and which of them the installed nvcc can target."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from dsactl.errors import DsactlError
+
+ALL = "all"
+# Family-specific targets (compute_100f: every 10.x GPU) first shipped in CUDA 12.9;
+# `nvcc --list-gpu-arch` lists only the plain compute_XX names, so the version decides.
+FAMILY_MIN_NVCC = (12, 9)
+
+
+@dataclass(frozen=True)
+class Arch:
+    name: str  # what users type: "sm90a"
+    capability: tuple[int, int]  # the device capability the build runs on (a family: its first member)
+    suffix: str  # "a": this exact GPU, arch-specific features; "f": the whole family
+
+    @property
+    def number(self) -> str:
+        return f"{self.capability[0]}{self.capability[1]}"
+
+    @property
+    def gencode(self) -> str:
+        return f"arch=compute_{self.number}{self.suffix},code=sm_{self.number}{self.suffix}"
+
+    @property
+    def triton_cc(self) -> int:
+        return self.capability[0] * 10 + self.capability[1]
+
+    @property
+    def is_family(self) -> bool:
+        return self.suffix == "f"
+
+
+ARCHES = (
+    Arch("sm90a", (9, 0), "a"),
+    Arch("sm100a", (10, 0), "a"),
+    Arch("sm103a", (10, 3), "a"),
+    Arch("sm120a", (12, 0), "a"),
+    Arch("sm100f", (10, 0), "f"),
+    Arch("sm120f", (12, 0), "f"),
+)
+# The build a GPU loads at run time: the arch-specific one for its exact capability.
+ARCH_FOR_CAPABILITY = {a.capability: a.name for a in ARCHES if not a.is_family}
+
+
+def nvcc_path() -> Path:
+    found = shutil.which("nvcc") or _cuda_home_nvcc()
+    if found is None:
+        raise DsactlError("nvcc not found on PATH or in $CUDA_HOME/bin: install the CUDA toolkit (13.0)")
+    return Path(found)
+
+
+def _cuda_home_nvcc() -> str | None:
+    for var in ("CUDA_HOME", "CUDA_PATH"):
+        home = os.environ.get(var)
+        if home and (Path(home) / "bin" / "nvcc").is_file():
+            return str(Path(home) / "bin" / "nvcc")
+    return None
+
+
+@lru_cache(maxsize=None)
+def nvcc_version() -> tuple[int, int]:
+    out = _nvcc("--version")
+    match = re.search(r"release (\d+)\.(\d+)", out)
+    if match is None:
+        raise DsactlError(f"cannot read the CUDA release from `nvcc --version`:\n{out}")
+    return int(match.group(1)), int(match.group(2))
+
+
+@lru_cache(maxsize=None)
+def supported_arches() -> tuple[Arch, ...]:
+    """The arches of the table that the installed nvcc can compile for."""
+    listed = set(_nvcc("--list-gpu-arch").split())
+    family_ok = nvcc_version() >= FAMILY_MIN_NVCC
+    return tuple(
+        a for a in ARCHES if f"compute_{a.number}" in listed and (family_ok or not a.is_family)
+    )
+
+
+def resolve(spec: str) -> list[Arch]:
+    """`--arch` value -> the arches to build; a clear error for anything nvcc cannot do."""
+    supported = supported_arches()
+    names = ", ".join(a.name for a in supported)
+    if spec == ALL:
+        return list(supported)
+    known = {a.name: a for a in ARCHES}
+    if spec not in known:
+        raise DsactlError(f"unknown arch {spec!r}: choose one of {names}, or {ALL}")
+    if known[spec] not in supported:
+        major, minor = nvcc_version()
+        raise DsactlError(f"nvcc {major}.{minor} cannot target {spec}: it supports {names}")
+    return [known[spec]]
+
+
+def _nvcc(*args: str) -> str:
+    result = subprocess.run([str(nvcc_path()), *args], capture_output=True, text=True)
+    if result.returncode != 0:
+        raise DsactlError(f"`nvcc {' '.join(args)}` failed: {result.stderr.strip()}")
+    return result.stdout

@@ -1,0 +1,151 @@
+"""The embedded workload suites: contest (the default), scale, edge.
+
+All are deterministic: the same suite always lists the same workloads (seeded
+by SUITE_SEED); inputs are drawn per call from make_inputs' seed.
+"""
+
+from __future__ import annotations
+
+import random
+
+from dsactl.definitions import CONTEST_ATTENTION, CONTEST_INDEXER
+from dsactl.errors import DsactlError
+from dsactl.fp8 import PAGE_SIZE
+from dsactl.workloads.workload import Workload
+
+SUITE_SEED = 2026
+SUITES = ("contest", "scale", "edge")
+
+# Contest distributions (DESIGN.md section 2).
+CONTEST_INDEXER_WORKLOADS = 128
+CONTEST_INDEXER_PASSTHROUGH = 69  # max_num_pages * 64 <= 2048: top-k keeps every valid token
+CONTEST_INDEXER_NUM_PAGES = 11923
+CONTEST_INDEXER_MAX_PAGES = 91  # 5824 tokens
+CONTEST_INDEXER_BATCH = (1, 31)
+CONTEST_ATTENTION_TOKENS = (1, 2, 6, 7, 8)
+CONTEST_ATTENTION_WORKLOADS = 23
+CONTEST_ATTENTION_NUM_PAGES = 8462
+TOPK = 2048
+
+
+def _indexer(uuid, suite, label, definition, seq_lens, max_num_pages, num_pages, **params) -> Workload:
+    return Workload(uuid, definition, suite, label,
+                    {"batch_size": len(seq_lens), "num_pages": num_pages, "max_num_pages": max_num_pages},
+                    {"seq_lens": tuple(seq_lens), **params})
+
+
+def _attention(uuid, suite, label, definition, num_tokens, num_pages, **params) -> Workload:
+    return Workload(uuid, definition, suite, label, {"num_tokens": num_tokens, "num_pages": num_pages}, params)
+
+
+def _topk(uuid, suite, label, definition, lengths, max_len=None, **params) -> Workload:
+    max_len = max_len or max(lengths)
+    return Workload(uuid, definition, suite, label, {"num_rows": len(lengths), "max_len": max_len},
+                    {"lengths": tuple(lengths), **params})
+
+
+def _pages(tokens: int) -> int:
+    return (tokens + PAGE_SIZE - 1) // PAGE_SIZE
+
+
+def contest() -> list[Workload]:
+    rng = random.Random(SUITE_SEED)
+    out = []
+    short_pages = _pages(TOPK)
+    for i in range(CONTEST_INDEXER_WORKLOADS):
+        passthrough = i < CONTEST_INDEXER_PASSTHROUGH
+        max_pages = rng.randint(1, short_pages) if passthrough else rng.randint(short_pages + 1, CONTEST_INDEXER_MAX_PAGES)
+        batch = rng.randint(*CONTEST_INDEXER_BATCH)
+        # The longest row fills its last page partly or fully, so max_num_pages is tight.
+        longest = rng.randint((max_pages - 1) * PAGE_SIZE + 1, max_pages * PAGE_SIZE)
+        seq_lens = [longest] + [rng.randint(1, longest) for _ in range(batch - 1)]
+        rng.shuffle(seq_lens)
+        out.append(_indexer(f"contest-indexer-{i:03d}", "contest", "passthrough" if passthrough else "scored",
+                            CONTEST_INDEXER, seq_lens, max_pages, CONTEST_INDEXER_NUM_PAGES))
+    for i in range(CONTEST_ATTENTION_WORKLOADS):
+        t = CONTEST_ATTENTION_TOKENS[i % len(CONTEST_ATTENTION_TOKENS)]
+        full = i % 3 == 0
+        valid = [TOPK] * t if full else [rng.randint(1, TOPK) for _ in range(t)]
+        out.append(_attention(f"contest-attention-{i:03d}", "contest", "full" if full else "padded",
+                              CONTEST_ATTENTION, t, CONTEST_ATTENTION_NUM_PAGES, pattern="tail", valid=tuple(valid)))
+    return out
+
+
+SCALE_INDEXER_BATCH = (1, 8, 32, 64, 128)
+SCALE_INDEXER_CONTEXT = (4096, 32768, 131072)
+SCALE_ATTENTION_HEADS = (16, 64, 128)
+SCALE_ATTENTION_TOKENS = (1, 8, 32, 128, 256)
+SCALE_ATTENTION_NUM_PAGES = 8192
+SCALE_TOPK_ROWS = (1, 8, 32, 64, 128)
+SCALE_TOPK_LENGTHS = (2049, 5824, 8192, 32768, 131072)
+
+
+def scale() -> list[Workload]:
+    out = []
+    for b in SCALE_INDEXER_BATCH:
+        for ctx in SCALE_INDEXER_CONTEXT:
+            out.append(_indexer(f"scale-indexer-b{b}-ctx{ctx}", "scale", f"ctx{ctx // 1024}k", CONTEST_INDEXER,
+                                [ctx] * b, _pages(ctx), b * _pages(ctx) + 64))
+    for h in SCALE_ATTENTION_HEADS:
+        for t in SCALE_ATTENTION_TOKENS:
+            for fp8 in (False, True):
+                name = f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk2048_ps64" + ("_fp8kv" if fp8 else "")
+                out.append(_attention(f"scale-attention-h{h}-t{t}-{'fp8' if fp8 else 'bf16'}", "scale", f"h{h}",
+                                      name, t, SCALE_ATTENTION_NUM_PAGES, pattern="full"))
+    for bf16 in (False, True):
+        for rows in SCALE_TOPK_ROWS:
+            for length in SCALE_TOPK_LENGTHS:
+                name = "dsa_topk_page_transform_topk2048_ps64" + ("_bf16" if bf16 else "")
+                out.append(_topk(f"scale-topk-r{rows}-len{length}-{'bf16' if bf16 else 'fp32'}", "scale",
+                                 f"len{length}", name, [length] * rows))
+    return out
+
+
+EDGE_LENGTHS = (1, 63, 64, 65, 2047, 2048, 2049, 5824, 6145)
+TOPK_PATTERNS = ("all_equal", "two_values", "one_bin", "ascending", "descending", "neg_inf_tail", "nan")
+
+
+def edge() -> list[Workload]:
+    out = []
+    for n in EDGE_LENGTHS:
+        out.append(_indexer(f"edge-indexer-len{n}", "edge", "length", CONTEST_INDEXER, [n, max(1, n // 2), n],
+                            _pages(n), 3 * _pages(n) + 8, table_pad=-1))
+    out.append(_indexer("edge-indexer-ties", "edge", "ties", CONTEST_INDEXER, [5824, 3000], _pages(5824), 200,
+                        pattern="ties"))
+    for n in (2, 4):
+        out.append(_indexer(f"edge-indexer-nextn{n}", "edge", "mtp",
+                            f"dsa_topk_indexer_fp8_h64_d128_topk2048_ps64_nextn{n}", [n, 2049, 2050, 6145],
+                            _pages(6145), 256))
+    for heads in (16, 128):
+        for fp8 in (False, True):
+            base = f"dsa_sparse_attention_h{heads}_ckv512_kpe64_topk2048_ps64" + ("_fp8kv" if fp8 else "")
+            tag = f"h{heads}-{'fp8' if fp8 else 'bf16'}"
+            out.append(_attention(f"edge-attention-empty-{tag}", "edge", "empty", base, 3, 512, pattern="empty"))
+            out.append(_attention(f"edge-attention-scattered-{tag}", "edge", "scattered", base, 4, 512,
+                                  pattern="scattered", valid=(1, 100, 1500, 2047)))
+            out.append(_attention(f"edge-attention-duplicates-{tag}", "edge", "duplicates", base, 2, 512,
+                                  pattern="duplicates"))
+    for suffix in ("_lsee", "_topklen", "_sink", "_fp8kv_lsee_topklen_sink"):
+        out.append(_attention(f"edge-attention-variant{suffix}", "edge", "variant",
+                              f"dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64{suffix}", 3, 512,
+                              pattern="scattered", valid=(0, 700, 2048)))
+    for pattern in TOPK_PATTERNS:
+        for bf16 in (False, True):
+            name = "dsa_topk_page_transform_topk2048_ps64" + ("_bf16" if bf16 else "")
+            out.append(_topk(f"edge-topk-{pattern}-{'bf16' if bf16 else 'fp32'}", "edge", pattern, name,
+                             [20000, 2049, 6145], pattern=pattern))
+    for n in EDGE_LENGTHS + (65536,):
+        out.append(_topk(f"edge-topk-len{n}", "edge", "length", "dsa_topk_page_transform_topk2048_ps64",
+                         [n, 1, max(1, n - 1)], max_len=n + 5))
+    out.append(_topk("edge-topk-mtp", "edge", "mtp", "dsa_topk_page_transform_topk2048_ps64",
+                     [3000, 3001, 3002, 7000], rows_per_request=2))
+    return out
+
+
+def suite(name: str) -> list[Workload]:
+    makers = {"contest": contest, "scale": scale, "edge": edge}
+    if name == "all":
+        return [w for make in makers.values() for w in make()]
+    if name not in makers:
+        raise DsactlError(f"unknown suite {name!r}; choose one of {', '.join(SUITES)} or all")
+    return makers[name]()
