@@ -34,24 +34,12 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
+    # Standalone mode: typer/click handle usage errors (exit 2) and --help;
+    # DsactlError, the one user-facing failure, becomes one line on stderr.
     try:
-        app(standalone_mode=False)
+        app()
     except DsactlError as e:
         if _state["debug"]:
             raise
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
-    except (typer.Abort, KeyboardInterrupt):
-        print("aborted", file=sys.stderr)
-        sys.exit(130)
-    except typer.Exit as e:
-        sys.exit(e.exit_code)
-    except Exception as e:  # click usage errors and the like
-        import click
-
-        if isinstance(e, click.exceptions.ClickException):
-            e.show()
-            sys.exit(e.exit_code)
-        if isinstance(e, click.exceptions.Exit):
-            sys.exit(e.exit_code)
-        raise

@@ -1,0 +1,110 @@
+import json
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from dsactl import workloads
+from dsactl.definitions import CONTEST_ATTENTION, CONTEST_INDEXER, get
+from dsactl.errors import DsactlError
+from dsactl.workloads import suites
+
+
+def test_contest_suite_matches_the_contest_distribution():
+    ws = workloads.suite("contest")
+    idx = [w for w in ws if w.definition == CONTEST_INDEXER]
+    att = [w for w in ws if w.definition == CONTEST_ATTENTION]
+    assert len(idx) == 128 and len(att) == 23
+    assert all(1 <= w.axes["batch_size"] <= 31 for w in idx)
+    assert all(1 <= w.axes["max_num_pages"] <= 91 and w.axes["num_pages"] == 11923 for w in idx)
+    assert max(max(w.params["seq_lens"]) for w in idx) <= 5824
+    assert sum(w.axes["max_num_pages"] * 64 <= 2048 for w in idx) == 69
+    for w in idx:  # max_num_pages is tight: the longest row needs every page
+        assert (max(w.params["seq_lens"]) + 63) // 64 == w.axes["max_num_pages"]
+    assert {w.axes["num_tokens"] for w in att} == {1, 2, 6, 7, 8}
+    assert all(w.axes["num_pages"] == 8462 for w in att)
+
+
+def test_suites_are_deterministic_and_ids_unique():
+    for name in workloads.SUITES:
+        a, b = workloads.suite(name), workloads.suite(name)
+        assert a == b
+        assert len({w.uuid for w in a}) == len(a)
+
+
+def test_edge_suite_covers_the_adversarial_lengths():
+    ws = workloads.suite("edge")
+    lengths = {s for w in ws if "seq_lens" in w.params for s in w.params["seq_lens"]}
+    assert set(suites.EDGE_LENGTHS) <= lengths
+    assert {w.params.get("pattern") for w in ws} >= {"ties", "empty", "scattered", "duplicates", "all_equal", "nan"}
+
+
+def test_inputs_are_fresh_per_seed_realistic_and_non_contiguous():
+    w = workloads.suite("contest")[100]
+    a, b = workloads.make_inputs(w, "cpu", 0), workloads.make_inputs(w, "cpu", 1)
+    assert not torch.equal(a["weights"], b["weights"])
+    assert torch.equal(a["weights"], workloads.make_inputs(w, "cpu", 0)["weights"])
+    assert (a["q_index_fp8"].float() != 0).float().mean() > 0.9
+    table, lens = a["block_table"], a["seq_lens"]
+    used = torch.cat([table[i, : (int(s) + 63) // 64] for i, s in enumerate(lens)])
+    assert len(set(used.tolist())) == used.numel()  # pages are distinct
+    assert (used.diff() != 1).float().mean() > 0.9  # and shuffled, not contiguous
+
+
+def test_attention_patterns():
+    ws = {w.uuid: w for w in workloads.suite("edge")}
+    x = workloads.make_inputs(ws["edge-attention-empty-h16-bf16"], "cpu", 0)
+    assert (x["sparse_indices"] == -1).all()
+    x = workloads.make_inputs(ws["edge-attention-scattered-h16-bf16"], "cpu", 0)
+    valid = (x["sparse_indices"] != -1).sum(1).tolist()
+    assert valid == [1, 100, 1500, 2047]
+    assert (x["sparse_indices"][1, :100] == -1).any()  # -1 anywhere, not only at the tail
+
+
+def test_select_filters_and_errors():
+    assert all(w.definition == CONTEST_ATTENTION for w in workloads.select("contest", definition=CONTEST_ATTENTION))
+    assert len(workloads.select("contest", workload_id="contest-attention-003")) == 1
+    with pytest.raises(DsactlError, match="unknown suite"):
+        workloads.select("nope")
+    with pytest.raises(DsactlError, match="no workload"):
+        workloads.select("contest", workload_id="missing")
+
+
+def _write_dataset(root, inputs_line):
+    d = get(CONTEST_ATTENTION)
+    (root / "definitions" / "dsa_paged").mkdir(parents=True)
+    (root / "definitions" / "dsa_paged" / f"{d.name}.json").write_text(json.dumps(d.to_json()))
+    (root / "workloads" / "dsa_paged").mkdir(parents=True)
+    (root / "workloads" / "dsa_paged" / f"{d.name}.jsonl").write_text(json.dumps(inputs_line) + "\n")
+
+
+def test_dataset_loader_reads_random_scalar_and_safetensors(tmp_path):
+    g = torch.Generator().manual_seed(0)
+    idx = torch.randperm(4 * 64, generator=g)[:2048 // 16].repeat(16)[:2048].to(torch.int32)
+    (tmp_path / "blob").mkdir()
+    save_file({"sparse_indices": idx[None].contiguous()}, str(tmp_path / "blob" / "w0.safetensors"))
+    _write_dataset(tmp_path, {
+        "uuid": "w0", "axes": {"num_tokens": 1, "num_pages": 4},
+        "inputs": {"q_nope": {"type": "random"}, "q_pe": {"type": "random"}, "ckv_cache": {"type": "random"},
+                   "kpe_cache": {"type": "random"}, "sm_scale": {"type": "scalar", "value": 0.1352337788608801},
+                   "sparse_indices": {"type": "safetensors", "path": "blob/w0.safetensors",
+                                      "tensor_key": "sparse_indices"}}})
+    ws = workloads.load_dataset(tmp_path)
+    assert [w.uuid for w in ws] == ["w0"]
+    x = workloads.make_inputs(ws[0], "cpu", 0)
+    assert torch.equal(x["sparse_indices"], idx[None])
+    assert x["sm_scale"] == 0.1352337788608801 and x["ckv_cache"].shape == (4, 64, 512)
+    get(CONTEST_ATTENTION).run_reference(x)
+
+
+def test_dataset_errors_are_clear(tmp_path):
+    with pytest.raises(DsactlError, match="not a flashinfer-bench dataset"):
+        workloads.load_dataset(tmp_path)
+    _write_dataset(tmp_path, {"uuid": "w0", "axes": {"num_tokens": 1, "num_pages": 4},
+                              "inputs": {"sparse_indices": {"type": "safetensors", "path": "../../etc/passwd"}}})
+    w = workloads.load_dataset(tmp_path)[0]
+    with pytest.raises(DsactlError, match="no input spec|outside the dataset"):
+        workloads.make_inputs(w, "cpu", 0)
+    (tmp_path / "workloads" / "dsa_paged" / f"{CONTEST_ATTENTION}.jsonl").write_text("{not json\n")
+    with pytest.raises(DsactlError, match="unreadable workload"):
+        workloads.load_dataset(tmp_path)
