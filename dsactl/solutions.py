@@ -53,7 +53,35 @@ class Solution:
         return True, "ok"
 
 
-SOLUTIONS: list[Solution] = []
+# Name suffixes of the sparse attention variants (dsactl/definitions/attention.py); each has its entry.
+ATTENTION_VARIANTS = tuple(kv + lse + tl + sink for kv in ("", "_fp8kv") for lse in ("", "_lsee")
+                           for tl in ("", "_topklen") for sink in ("", "_sink"))
+
+SOLUTIONS: list[Solution] = [
+    Solution("dsactl-indexer", ("dsa_topk_indexer_fp8_*",), "triton",
+             "dsactl.kernels.indexer.solution:dsa_topk_indexer",
+             "FP8 paged scoring in Triton (wgmma, fp32 scores) + the exact CUDA top-k with page "
+             "translation; structural passthrough when every row fits in top-k", cuda_libs=("topk",)),
+    Solution("torch-indexer", ("dsa_topk_indexer_fp8_*",), "python",
+             "dsactl.kernels.indexer.torch_baseline:dsa_topk_indexer_torch",
+             "vectorized PyTorch: gather pages, einsum, torch.topk", needs_gpu=False, baseline=True),
+    Solution("dsactl-topk", ("dsa_topk_page_transform_topk*_ps64*",), "cuda",
+             "dsactl.kernels.topk.launcher:dsa_topk_page_transform",
+             "exact radix select (11-bit shared-memory histograms, cluster-split rows, candidate "
+             "compaction with a global-memory fallback) fused with page translation", cuda_libs=("topk",)),
+    Solution("torch-topk", ("dsa_topk_page_transform_*",), "python",
+             "dsactl.kernels.topk.torch_baseline:topk_page_transform",
+             "vectorized PyTorch: one torch.topk over all rows, then page translation", needs_gpu=False, baseline=True),
+    *(Solution(f"dsactl-attention{v.replace('_', '-')}", (f"dsa_sparse_attention_h*_ckv512_kpe64_topk*_ps64{v}",),
+               "triton", f"dsactl.kernels.attention.solution:sparse_attention{v}",
+               "sparse MLA in Triton: 16-64 heads per program, split-KV sized to fill the SMs, exact fp32 combine"
+               + (", FP8 KV dequantized in-kernel" if "fp8kv" in v else ""))
+      for v in ATTENTION_VARIANTS),
+    *(Solution(f"torch-attention{v.replace('_', '-')}", (f"dsa_sparse_attention_h*_ckv512_kpe64_topk*_ps64{v}",),
+               "python", f"dsactl.kernels.attention.solution:torch_sparse_attention{v}",
+               "vectorized PyTorch: gather, einsum, masked softmax", needs_gpu=False, baseline=True)
+      for v in ("", "_fp8kv")),
+]
 
 
 def get(name: str) -> Solution:

@@ -34,6 +34,7 @@ class Arch:
 
     @property
     def triton_cc(self) -> int:
+        """Triton has no family targets: for one it compiles for the family's first member."""
         return self.capability[0] * 10 + self.capability[1]
 
     @property

@@ -19,7 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES = ("catalog", "doctor")
+COMMAND_MODULES = ("catalog", "doctor", "build", "profile", "verify", "pack", "bench")
 
 _state = {"debug": False}
 

@@ -1,0 +1,169 @@
+"""What bench times besides the solutions: the reference, baseline solutions, plug-ins.
+
+A Contender is anything bench can time on a prepared call: `bind(call)` does the
+per-trial setup outside the timed region (layout conversions a plug-in needs,
+loading the solution) and returns the zero-argument callable that is timed.
+
+The reference (the definition's float32 PyTorch loop, the contest's baseline and
+the denominator of every speedup) is always timed unless --no-reference. --baseline
+names pick among the others (default: all that serve the definition):
+  <solution>    a registered Solution with baseline=True (e.g. torch-topk)
+  flashinfer    FlashInfer's top_k_page_table_transform (top-k definitions)
+  flashmla      FlashMLA sparse decode (FP8-KV attention, 64 or 128 heads)
+A plug-in that is not importable here is listed as skipped, never an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from dsactl import solutions
+from dsactl.definitions import Definition
+from dsactl.errors import DsactlError
+from dsactl.fp8 import MLA_CKV_DIM, PAGE_SIZE
+from dsactl.bench.metrics import stage
+from dsactl.harness import Call
+
+REFERENCE = "reference"
+
+
+@dataclass(frozen=True)
+class Contender:
+    name: str
+    kind: str  # "solution" | "baseline" | "reference" | "plugin"
+    bind: Callable[[Call], Callable[[], Any]]
+    entry: Callable | None = None  # the solution's function, for its optional grid_ctas
+
+
+@dataclass(frozen=True)
+class Skipped:
+    name: str
+    kind: str
+    definition: str
+    reason: str
+    workload: str = ""  # empty: skipped for every workload of the definition
+
+
+def solution_contender(s: solutions.Solution) -> Contender:
+    fn = s.load()
+    return Contender(s.name, "baseline" if s.baseline else "solution",
+                     lambda call: functools.partial(fn, *call.args()), fn)
+
+
+def reference_contender() -> Contender:
+    def bind(call: Call) -> Callable[[], Any]:
+        return functools.partial(call.definition.run_reference, call.inputs)
+
+    return Contender(REFERENCE, "reference", bind)
+
+
+def _flashinfer_topk(module: Any, call: Call) -> Callable[[], Any]:
+    """FlashInfer gathers through a per-token table [batch, max_len]; expand the page table once."""
+    x = call.inputs
+    scores, table = x["scores"], x["block_table"]
+    max_len = scores.shape[1]
+    tokens = (table.long()[:, :, None] * PAGE_SIZE + torch.arange(PAGE_SIZE, device=table.device)).flatten(1)
+    if tokens.shape[1] < max_len:  # positions past the table are beyond every row's length: never selected
+        tokens = torch.nn.functional.pad(tokens, (0, max_len - tokens.shape[1]))
+    tokens = tokens[:, :max_len].to(torch.int32).contiguous()
+    k = call.definition.params["topk"]
+    return functools.partial(module.top_k_page_table_transform, scores, tokens, x["lengths"], k, x["row_to_batch"])
+
+
+def _flashmla_sparse_decode(module: Any, call: Call) -> Callable[[], Any]:
+    """Each query token is one FlashMLA batch entry of one query: q [T, 1, H, 576], the
+    656-byte cache as [pages, 64, 1, 656] e4m3 bytes, indices [T, 1, topk]."""
+    x, d = call.inputs, call.definition
+    heads, topk = d.params["heads"], d.params["topk"]
+    q = torch.cat([x["q_nope"], x["q_pe"]], dim=-1).unsqueeze(1).contiguous()
+    kv = x["kv_cache"].view(torch.float8_e4m3fn).unsqueeze(2)
+    indices = x["sparse_indices"].unsqueeze(1).contiguous()
+    seqlens = torch.full((q.shape[0],), topk, dtype=torch.int32, device=q.device)
+    meta, splits = module.get_mla_metadata(seqlens, heads, 1, heads, True, topk)
+    extra = {}
+    if d.params["has_topk_length"]:
+        extra["topk_length"] = x["topk_length"]
+    if d.params["has_sink"]:
+        extra["attn_sink"] = x["attn_sink"]
+    return functools.partial(module.flash_mla_with_kvcache, q, kv, None, seqlens, MLA_CKV_DIM, meta, splits,
+                             softmax_scale=x["sm_scale"], is_fp8_kvcache=True, indices=indices, **extra)
+
+
+@dataclass(frozen=True)
+class Plugin:
+    name: str
+    module: str
+    serves: Callable[[Definition], bool]
+    adapter: Callable[[Any, Call], Callable[[], Any]]
+
+    def contender(self) -> Contender:
+        """The contender, or DsactlError saying why it cannot run here."""
+        if not torch.cuda.is_available():
+            raise DsactlError("needs a CUDA GPU")
+        try:
+            module = importlib.import_module(self.module)
+        except Exception as e:  # not installed, or built for another CUDA/torch
+            raise DsactlError(f"cannot import {self.module} ({type(e).__name__}: {e})") from None
+        return Contender(self.name, "plugin", functools.partial(self.adapter, module))
+
+
+PLUGINS = (
+    Plugin("flashinfer", "flashinfer", lambda d: stage(d) == "topk", _flashinfer_topk),
+    Plugin("flashmla", "flash_mla",
+           lambda d: stage(d) == "attention" and d.params["fp8kv"] and d.params["heads"] in (64, 128),
+           _flashmla_sparse_decode),
+)
+
+
+def known_names() -> list[str]:
+    return [REFERENCE] + [s.name for s in solutions.SOLUTIONS if s.baseline] + [p.name for p in PLUGINS]
+
+
+def check_names(names: list[str]) -> None:
+    unknown = [n for n in names if n not in known_names()]
+    if unknown:
+        raise DsactlError(f"unknown baseline {', '.join(map(repr, unknown))}; choose from {', '.join(known_names())}")
+
+
+def resolve(d: Definition, names: list[str] | None = None,
+            include_reference: bool = True) -> tuple[list[Contender], list[Skipped]]:
+    """Baselines for one definition: the reference (unless include_reference is False),
+    then with names None every baseline solution and plug-in serving it, otherwise
+    exactly the named ones (naming "reference" changes nothing)."""
+    if names is not None:
+        check_names(names)
+    wanted = (lambda n: True) if names is None else (lambda n: n in names)
+    found: list[Contender] = [reference_contender()] if include_reference else []
+    skipped: list[Skipped] = []
+    for s in solutions.SOLUTIONS:
+        if not (s.baseline and wanted(s.name)):
+            continue
+        if not s.serves(d.name):
+            if names is not None:
+                skipped.append(Skipped(s.name, "baseline", d.name, "does not serve this definition"))
+            continue
+        ok, why = s.availability()
+        if not ok:
+            skipped.append(Skipped(s.name, "baseline", d.name, why))
+            continue
+        try:
+            found.append(solution_contender(s))
+        except DsactlError as e:
+            skipped.append(Skipped(s.name, "baseline", d.name, str(e)))
+    for p in PLUGINS:
+        if not wanted(p.name):
+            continue
+        if not p.serves(d):
+            if names is not None:
+                skipped.append(Skipped(p.name, "plugin", d.name, "does not serve this definition"))
+            continue
+        try:
+            found.append(p.contender())
+        except DsactlError as e:
+            skipped.append(Skipped(p.name, "plugin", d.name, str(e)))
+    return found, skipped

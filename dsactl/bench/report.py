@@ -1,0 +1,170 @@
+"""Bench output: rich tables on the console, CSV and JSON files with a header.
+
+Files go to profiles/<gpu-slug>/ by default. The CSV header is comment lines
+`# key: <json>` (the exact command line, GPU, clocks, driver, tool versions,
+timing method, peaks, self-check), then one row per (contender, workload). The
+JSON holds the same plus the skipped contenders and the per-solution scores.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import re
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any, Iterable
+
+from rich.table import Table
+
+from dsactl.bench.baselines import Skipped
+from dsactl.bench.runner import BenchRun, Result
+from dsactl.cli.render import table
+from dsactl.errors import DsactlError
+
+COLUMNS = [f.name for f in fields(Result)]
+_INT = {"iters", "trials", "size", "bytes", "flops"}
+_OPTIONAL_INT = {"active_sms"}
+_FLOAT = {"median_us", "min_us", "max_us", "spread_us"}
+_OPTIONAL_FLOAT = {"speedup", "gbps", "tflops", "pct_peak_bw", "pct_peak_flops"}
+_LIST = {"trial_medians_us"}
+LIST_SEPARATOR = ";"
+
+
+def gpu_slug(name: str) -> str:
+    """'NVIDIA H200' -> 'nvidia-h200': a folder name per GPU model."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-gpu"
+
+
+def profiles_root() -> Path:
+    """<repo>/profiles in a source checkout, else ./profiles."""
+    repo = Path(__file__).resolve().parents[2]
+    return (repo if (repo / "pyproject.toml").is_file() else Path.cwd()) / "profiles"
+
+
+def default_stem(source: str, definition: str | None, solutions: list[str] | None) -> str:
+    parts = ["bench", Path(source).stem if "/" in source or "." in source else source]
+    if definition:
+        parts.append(definition)
+    if solutions:
+        parts.extend(solutions)
+    return "-".join(re.sub(r"[^A-Za-z0-9_.]+", "-", p).strip("-") for p in parts)
+
+
+def default_paths(gpu: str, stem: str) -> tuple[Path, Path]:
+    folder = profiles_root() / gpu_slug(gpu)
+    return folder / f"{stem}.csv", folder / f"{stem}.json"
+
+
+def _cell(name: str, value: Any) -> str:
+    if value is None:
+        return ""
+    if name in _LIST:
+        return LIST_SEPARATOR.join(repr(float(v)) for v in value)
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def _parse(name: str, text: str) -> Any:
+    if name in _LIST:
+        return [float(v) for v in text.split(LIST_SEPARATOR)] if text else []
+    if name in _INT:
+        return int(text)
+    if name in _FLOAT:
+        return float(text)
+    if name in _OPTIONAL_INT:
+        return int(text) if text else None
+    if name in _OPTIONAL_FLOAT:
+        return float(text) if text else None
+    return text
+
+
+def write_csv(path: str | Path, run: BenchRun) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = io.StringIO()
+    for key, value in run.meta.items():
+        out.write(f"# {key}: {json.dumps(value, default=str)}\n")
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for r in run.results:
+        d = r.to_dict()
+        writer.writerow([_cell(c, d[c]) for c in COLUMNS])
+    path.write_text(out.getvalue())
+    return path
+
+
+def read_csv(path: str | Path) -> BenchRun:
+    try:
+        lines = Path(path).read_text().splitlines()
+    except OSError as e:
+        raise DsactlError(f"cannot read {path}: {e.strerror}") from None
+    meta: dict[str, Any] = {}
+    body = []
+    for line in lines:
+        if line.startswith("# "):
+            key, _, value = line[2:].partition(": ")
+            meta[key] = json.loads(value)
+        else:
+            body.append(line)
+    reader = csv.DictReader(body)
+    if reader.fieldnames is None or not {"solution", "workload", "median_us"} <= set(reader.fieldnames):
+        raise DsactlError(f"{path} is not a dsactl bench CSV (no solution/workload/median_us columns)")
+    known = set(COLUMNS)
+    results = [Result(**{k: _parse(k, v) for k, v in row.items() if k in known}) for row in reader]
+    return BenchRun(meta=meta, results=results)
+
+
+def to_json(run: BenchRun) -> dict[str, Any]:
+    return {
+        "meta": run.meta,
+        "results": [r.to_dict() for r in run.results],
+        "skipped": [asdict(s) for s in run.skipped],
+        "scores": [asdict(s) for s in run.scores()],
+    }
+
+
+def write_json(path: str | Path, run: BenchRun) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(to_json(run), indent=2, default=str) + "\n")
+    return path
+
+
+def read_json(path: str | Path) -> BenchRun:
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e:
+        raise DsactlError(f"cannot read {path}: {e}") from None
+    return BenchRun(meta=data["meta"], results=[Result(**r) for r in data["results"]],
+                    skipped=[Skipped(**s) for s in data.get("skipped", [])])
+
+
+def _num(value: float | None, fmt: str) -> str:
+    return "" if value is None else format(value, fmt)
+
+
+def results_table(results: Iterable[Result]) -> Table:
+    rows = []
+    for r in results:
+        name = {"solution": r.solution, "reference": f"reference ({r.iters} iters)"}.get(r.kind, f"{r.solution} ({r.kind})")
+        rows.append((r.workload, r.label, name, _num(r.median_us, ".2f"),
+                     f"{r.min_us:.2f}-{r.max_us:.2f}", _num(r.spread_us, ".2f"), _num(r.speedup, ".2f"),
+                     _num(r.gbps, ".0f") + (f" ({r.pct_peak_bw:.0f}%)" if r.pct_peak_bw is not None else ""),
+                     _num(r.tflops, ".1f") + (f" ({r.pct_peak_flops:.0f}%)" if r.pct_peak_flops is not None else ""),
+                     _num(r.active_sms, "d"), r.method))
+    return table("latency", ["workload", "class", "solution", "median us", "min-max us", "trial spread us",
+                             "speedup", "GB/s (% peak)", "TFLOP/s (% peak)", "active SMs", "method"], rows)
+
+
+def scores_table(run: BenchRun) -> Table:
+    return table("score: mean of per-workload speedups over the reference",
+                 ["solution", "definition", "workloads", "score"],
+                 ((s.solution, s.definition, s.workloads, f"{s.mean_speedup:.2f}") for s in run.scores()))
+
+
+def skipped_table(skipped: Iterable[Skipped]) -> Table:
+    return table("skipped", ["name", "kind", "definition", "workload", "why"],
+                 ((s.name, s.kind, s.definition, s.workload or "all", s.reason) for s in skipped))

@@ -1,0 +1,266 @@
+"""One bench run: every contender on every workload, trials with fresh inputs.
+
+Per workload and trial, inputs are prepared once (dsactl.harness.prepare with
+seed = trial) and every contender is timed on them, so all see the same data.
+The reference is a per-row Python loop: it is timed with REFERENCE_ITERS
+iterations after REFERENCE_WARMUP, and the output says so. Speedup = reference
+latency / contender latency; a solution's score is the mean of its
+per-workload speedups (the contest score).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable, Sequence
+
+from dsactl import solutions
+from dsactl.bench import baselines, metrics, timing
+from dsactl.bench.baselines import Contender, Skipped
+from dsactl.definitions import get as get_definition
+from dsactl.errors import DsactlError
+from dsactl.harness import prepare
+from dsactl.workloads import Workload
+
+REFERENCE_ITERS = 3
+REFERENCE_WARMUP = 1
+
+# (bound callable, iterations, warmup) -> (method used, per-call microseconds)
+Timer = Callable[[Callable[[], Any], int, int], tuple[str, list[float]]]
+
+
+@dataclass
+class Settings:
+    warmup: int = 10
+    iters: int = 50
+    trials: int = 3
+    method: str = "auto"
+    include_reference: bool = True
+    baselines: list[str] | None = None  # None: every baseline serving the definition
+    solutions: list[str] | None = None  # None: every registered solution serving the definition
+
+
+@dataclass
+class Result:
+    """One row: a contender on a workload."""
+
+    solution: str
+    kind: str
+    definition: str
+    workload: str
+    label: str
+    axes: str
+    method: str
+    iters: int
+    trials: int
+    median_us: float
+    min_us: float
+    max_us: float
+    spread_us: float
+    trial_medians_us: list[float]
+    size: int
+    bytes: int
+    flops: int
+    speedup: float | None = None
+    gbps: float | None = None
+    tflops: float | None = None
+    pct_peak_bw: float | None = None
+    pct_peak_flops: float | None = None
+    active_sms: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Score:
+    solution: str
+    definition: str
+    workloads: int
+    mean_speedup: float
+
+
+@dataclass
+class BenchRun:
+    meta: dict[str, Any]
+    results: list[Result] = field(default_factory=list)
+    skipped: list[Skipped] = field(default_factory=list)
+
+    def scores(self) -> list[Score]:
+        """Mean of per-workload speedups per (solution, definition), in first-seen order."""
+        groups: dict[tuple[str, str], list[float]] = {}
+        for r in self.results:
+            if r.kind != "reference" and r.speedup is not None:
+                groups.setdefault((r.solution, r.definition), []).append(r.speedup)
+        return [Score(s, d, len(v), statistics.fmean(v)) for (s, d), v in groups.items()]
+
+    def failed_solutions(self) -> list[Skipped]:
+        """Solutions that raised on a workload (not those that cannot run here at all)."""
+        return [s for s in self.skipped if s.kind == "solution" and s.workload]
+
+
+def describe_axes(w: Workload) -> str:
+    return " ".join(f"{k}={v}" for k, v in w.axes.items())
+
+
+def contenders_for(definition: str, settings: Settings) -> tuple[list[Contender], list[Skipped]]:
+    """The registered solutions (filtered by settings.solutions) plus baselines, for one definition."""
+    d = get_definition(definition)
+    found: list[Contender] = []
+    skipped: list[Skipped] = []
+    for s in solutions.for_definition(definition):
+        if settings.solutions is not None and s.name not in settings.solutions:
+            continue
+        ok, why = s.availability()
+        if not ok:
+            skipped.append(Skipped(s.name, "solution", definition, why))
+            continue
+        try:
+            found.append(baselines.solution_contender(s))
+        except DsactlError as e:
+            skipped.append(Skipped(s.name, "solution", definition, str(e)))
+    extra, extra_skipped = baselines.resolve(d, settings.baselines, settings.include_reference)
+    return found + extra, skipped + extra_skipped
+
+
+def check_solution_names(names: Sequence[str] | None) -> None:
+    for n in names or ():
+        solutions.get(n)  # raises DsactlError naming the known ones
+
+
+def _rates(r: Result, peaks: Any) -> None:
+    seconds = r.median_us * 1e-6
+    r.gbps = r.bytes / seconds / 1e9
+    r.tflops = r.flops / seconds / 1e12 if r.flops else None
+    if peaks is not None:
+        r.pct_peak_bw = 100.0 * r.gbps / peaks.copy_gbps
+        r.pct_peak_flops = 100.0 * r.tflops / peaks.bf16_tflops if r.tflops is not None else None
+
+
+def run_bench(workloads: Sequence[Workload], settings: Settings, timer: Timer, *, device: str = "cuda",
+              sm_count: int | None = None, peaks: Any = None, meta: dict[str, Any] | None = None,
+              progress: Callable[[str], None] | None = None) -> BenchRun:
+    """Time every contender on every workload; progress(text) is called once per (workload, trial)."""
+    run = BenchRun(meta=dict(meta or {}))
+    by_definition: dict[str, list[Workload]] = {}
+    for w in workloads:
+        by_definition.setdefault(w.definition, []).append(w)
+    for definition, group in by_definition.items():
+        contenders, skipped = contenders_for(definition, settings)
+        run.skipped.extend(skipped)
+        for w in group:
+            rows = _bench_workload(w, contenders, settings, timer, device, sm_count, run.skipped, progress)
+            for r in rows:
+                _rates(r, peaks)
+            reference = next((r for r in rows if r.kind == "reference"), None)
+            if reference is not None:
+                for r in rows:
+                    r.speedup = reference.median_us / r.median_us
+            run.results.extend(rows)
+    return run
+
+
+def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings, timer: Timer, device: str,
+                    sm_count: int | None, skipped: list[Skipped], progress) -> list[Result]:
+    samples: dict[str, list[list[float]]] = {c.name: [] for c in contenders}
+    methods: dict[str, str] = {}
+    failed: set[str] = set()
+    work = None
+    grids: dict[str, int | None] = {}
+    for trial in range(settings.trials):
+        if progress:
+            progress(f"{w.uuid} trial {trial + 1}/{settings.trials}")
+        call = prepare(w, device, seed=trial)
+        if work is None:
+            work = metrics.work(call.definition, call.inputs)
+        for c in contenders:
+            if c.name in failed:
+                continue
+            reference = c.kind == "reference"
+            iters = REFERENCE_ITERS if reference else settings.iters
+            warmup = REFERENCE_WARMUP if reference else settings.warmup
+            try:
+                if c.name not in grids:
+                    grids[c.name] = metrics.active_sms(c.entry, call.args(), sm_count) if c.entry and sm_count else None
+                methods[c.name], got = timer(c.bind(call), iters, warmup)
+            except Exception as e:  # a failing contender is reported, the run goes on
+                failed.add(c.name)
+                skipped.append(Skipped(c.name, c.kind, w.definition, f"{type(e).__name__}: {e}", w.uuid))
+                continue
+            samples[c.name].append(got)
+        del call
+    rows = []
+    for c in contenders:
+        if c.name in failed:
+            continue
+        stats = timing.summarize(samples[c.name])
+        reference = c.kind == "reference"
+        rows.append(Result(
+            solution=c.name, kind=c.kind, definition=w.definition, workload=w.uuid, label=w.label,
+            axes=describe_axes(w), method=methods[c.name],
+            iters=REFERENCE_ITERS if reference else settings.iters, trials=settings.trials,
+            median_us=stats.median_us, min_us=stats.min_us, max_us=stats.max_us, spread_us=stats.spread_us,
+            trial_medians_us=stats.trial_medians_us, size=work.size, bytes=work.bytes, flops=work.flops,
+            active_sms=grids.get(c.name)))
+    return rows
+
+
+def environment(command: str, method: str, settings: Settings, peaks: Any, self_check: Any) -> dict[str, Any]:
+    """The header of every CSV/JSON: what ran, where, how it was timed."""
+    import platform
+
+    import torch
+
+    from dsactl import __version__, device
+
+    found, problem = device.gpus()
+    gpu = found[torch.cuda.current_device()] if found else None
+    return {
+        "command": command,
+        "gpu": gpu.name if gpu else problem,
+        "capability": f"{gpu.capability[0]}.{gpu.capability[1]}" if gpu else None,
+        "sm_count": gpu.sm_count if gpu else None,
+        "sm_clock_mhz": gpu.sm_clock_mhz if gpu else None,
+        "max_sm_clock_mhz": gpu.max_sm_clock_mhz if gpu else None,
+        "mem_clock_mhz": gpu.mem_clock_mhz if gpu else None,
+        "driver": gpu.driver if gpu else None,
+        "versions": {"dsactl": __version__, "python": platform.python_version(),
+                     **{t.name: t.version for t in device.tools()}, "cuda": torch.version.cuda},
+        "timing_method": method,
+        "warmup": settings.warmup,
+        "iters": settings.iters,
+        "trials": settings.trials,
+        "reference_iters": REFERENCE_ITERS,
+        "reference_warmup": REFERENCE_WARMUP,
+        "peaks": asdict(peaks) if peaks is not None else None,
+        "self_check": self_check.to_json() if self_check is not None else None,
+    }
+
+
+def bench(workloads: Sequence[Workload], settings: Settings, command: str,
+          progress: Callable[[str], None] | None = None,
+          on_ready: Callable[[dict[str, Any]], None] | None = None) -> BenchRun:
+    """The real run on this GPU: pick the timing method, load peaks, self-check, time.
+    on_ready(meta) is called once the environment is known, before the long part."""
+    import torch
+
+    from dsactl.bench import peaks as peaks_mod
+
+    if not torch.cuda.is_available():
+        raise DsactlError("bench needs a CUDA GPU (torch sees none)")
+    check_solution_names(settings.solutions)
+    if settings.baselines is not None:
+        baselines.check_names(settings.baselines)
+    method = timing.pick_method(settings.method)
+    flusher = timing.L2Flusher()
+    peaks = peaks_mod.load_or_measure()
+    check = peaks_mod.copy_self_check(method, peaks, flusher)
+    meta = environment(command, method, settings, peaks, check)
+    if on_ready:
+        on_ready(meta)
+
+    def timer(fn: Callable[[], Any], iters: int, warmup: int) -> tuple[str, list[float]]:
+        return timing.measure(fn, method, iters, warmup, flusher)
+
+    sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return run_bench(workloads, settings, timer, sm_count=sm_count, peaks=peaks, meta=meta, progress=progress)

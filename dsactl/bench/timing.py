@@ -1,0 +1,278 @@
+"""Kernel time of one call, from CUPTI activity records where possible.
+
+CUDA events around a call count its launch overhead (2-4 us, which is 20-40% of
+a 9 us kernel), so bench sums the device time of the kernels the call launched:
+
+  cupti           cupti-python activity records: launch API records inside the
+                  call's CPU bracket, joined by correlation id to the kernel,
+                  memcpy and memset records they caused.
+  torch-profiler  torch.profiler (also CUPTI): each call runs inside its own
+                  record_function range; its device time is the kernels that the
+                  range's ops launched.
+  cuda-graph      the call captured once as a CUDA graph, replays timed with
+                  events (launch overhead of one graph launch remains); a call
+                  that cannot be captured is timed with plain events and its
+                  method is recorded as cuda-events.
+
+The first available method in that order is used unless one is requested; the
+method is stored with every result. Every iteration starts with a cold L2: a
+buffer larger than L2 is written before the call, outside the timed kernels.
+"""
+
+from __future__ import annotations
+
+import bisect
+import statistics
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from dsactl.errors import DsactlError
+
+METHODS = ("cupti", "torch-profiler", "cuda-graph")
+EVENTS_FALLBACK = "cuda-events"  # what cuda-graph becomes for a call that cannot be captured
+
+# Written before every timed call; several times L2 so that no line of the
+# previous call survives (L2 replacement is not strict LRU).
+FLUSH_L2_MULTIPLE = 4
+FLUSH_MIN_BYTES = 256 * 2**20  # when the driver does not report the L2 size
+MARK = "dsactl_bench_iter_"  # record_function label of one timed call
+CUPTI_BUFFER_BYTES = 8 * 2**20
+
+
+@dataclass
+class Stats:
+    """Latency statistics of one (contender, workload) over trials x iterations, in us."""
+
+    median_us: float
+    min_us: float
+    max_us: float
+    trial_medians_us: list[float] = field(default_factory=list)
+
+    @property
+    def spread_us(self) -> float:
+        """Run-to-run spread: the range of the per-trial medians."""
+        return max(self.trial_medians_us) - min(self.trial_medians_us) if self.trial_medians_us else 0.0
+
+
+def summarize(trials: Sequence[Sequence[float]]) -> Stats:
+    """Median, min and max over every iteration of every trial, plus each trial's median."""
+    samples = [s for trial in trials for s in trial]
+    if not samples:
+        raise DsactlError("no timing samples to summarize")
+    return Stats(statistics.median(samples), min(samples), max(samples), [statistics.median(t) for t in trials])
+
+
+def sum_by_bracket(brackets: Sequence[tuple[int, int]], launches: Sequence[tuple[int, int]],
+                   activities: Sequence[tuple[int, int]]) -> list[int]:
+    """Device time per bracket, in ns.
+
+    brackets: (cpu_start, cpu_end) of each timed call, sorted, not overlapping.
+    launches: (cpu_start, correlation_id) of every launch API record.
+    activities: (correlation_id, duration) of every kernel/memcpy/memset record.
+    A device activity counts for the bracket in which its launch API call began;
+    work launched outside every bracket (the L2 flush) counts for none.
+    """
+    starts = [b[0] for b in brackets]
+    owner: dict[int, int] = {}
+    for cpu_start, corr in launches:
+        i = bisect.bisect_right(starts, cpu_start) - 1
+        if i >= 0 and cpu_start <= brackets[i][1]:
+            owner[corr] = i
+    totals = [0] * len(brackets)
+    for corr, duration in activities:
+        i = owner.get(corr)
+        if i is not None:
+            totals[i] += duration
+    return totals
+
+
+def _cupti_available() -> bool:
+    import torch
+
+    try:
+        from cupti import cupti  # noqa: F401
+    except Exception:  # not installed, or its CUDA libraries do not load
+        return False
+    return torch.cuda.is_available()
+
+
+def _torch_profiler_available() -> bool:
+    import torch
+    from torch.profiler import ProfilerActivity, supported_activities
+
+    return torch.cuda.is_available() and ProfilerActivity.CUDA in supported_activities()
+
+
+def _cuda_graph_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+AVAILABLE: dict[str, Callable[[], bool]] = {
+    "cupti": _cupti_available,
+    "torch-profiler": _torch_profiler_available,
+    "cuda-graph": _cuda_graph_available,
+}
+
+
+def available_methods() -> list[str]:
+    return [m for m in METHODS if AVAILABLE[m]()]
+
+
+def pick_method(requested: str | None = None) -> str:
+    """The requested method if it works here, else the first available in METHODS order."""
+    if requested not in (None, "auto"):
+        if requested not in METHODS:
+            raise DsactlError(f"unknown timing method {requested!r}; choose auto or one of {', '.join(METHODS)}")
+        if not AVAILABLE[requested]():
+            raise DsactlError(f"timing method {requested} is not available here (available: "
+                              f"{', '.join(available_methods()) or 'none'})")
+        return requested
+    found = available_methods()
+    if not found:
+        raise DsactlError("no timing method available: bench needs a CUDA GPU")
+    return found[0]
+
+
+class L2Flusher:
+    """A device buffer larger than L2, written before every timed call."""
+
+    def __init__(self, device: Any = None) -> None:
+        import torch
+
+        props = torch.cuda.get_device_properties(device)
+        l2 = getattr(props, "L2_cache_size", 0)
+        self.nbytes = max(FLUSH_L2_MULTIPLE * l2, FLUSH_MIN_BYTES) if l2 else FLUSH_MIN_BYTES
+        self.buffer = torch.empty(self.nbytes, dtype=torch.uint8, device=device)
+
+    def flush(self) -> None:
+        self.buffer.fill_(1)
+
+
+def measure(fn: Callable[[], Any], method: str, iters: int, warmup: int, flusher: L2Flusher) -> tuple[str, list[float]]:
+    """Warm up, then time `iters` cold-L2 calls of fn; returns (method used, per-call us)."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    if method == "cupti":
+        return method, _measure_cupti(fn, iters, flusher)
+    if method == "torch-profiler":
+        return method, _measure_torch_profiler(fn, iters, flusher)
+    if method == "cuda-graph":
+        return _measure_cuda_graph(fn, iters, flusher)
+    raise DsactlError(f"unknown timing method {method!r}")
+
+
+def _no_kernels(method: str) -> DsactlError:
+    return DsactlError(f"{method}: a timed call launched no GPU work (is the solution running on the CPU?)")
+
+
+# CUPTI holds one pair of buffer callbacks per process, and torch.profiler
+# registers its own: register ours before every measurement and point the sink
+# at that measurement's record lists.
+_cupti = {"sink": None}
+
+
+def _cupti_requested():
+    return CUPTI_BUFFER_BYTES, 0  # 0: as many records as fit
+
+
+def _cupti_completed(records):
+    sink = _cupti["sink"]
+    if sink is not None:
+        sink(records)
+
+
+def _measure_cupti(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> list[float]:
+    import torch
+    from cupti import cupti
+
+    launch_kinds = {int(cupti.ActivityKind.RUNTIME), int(cupti.ActivityKind.DRIVER)}
+    device_kinds = {int(cupti.ActivityKind.CONCURRENT_KERNEL), int(cupti.ActivityKind.MEMCPY),
+                    int(cupti.ActivityKind.MEMSET)}
+    launches: list[tuple[int, int]] = []
+    activities: list[tuple[int, int]] = []
+
+    def sink(records):
+        for r in records:
+            kind = int(r.kind)
+            if kind in launch_kinds:
+                launches.append((r.start, r.correlation_id))
+            elif kind in device_kinds:
+                activities.append((r.correlation_id, r.end - r.start))
+
+    cupti.activity_register_callbacks(_cupti_requested, _cupti_completed)
+    kinds = [cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER, cupti.ActivityKind.CONCURRENT_KERNEL,
+             cupti.ActivityKind.MEMCPY, cupti.ActivityKind.MEMSET]
+    brackets: list[tuple[int, int]] = []
+    _cupti["sink"] = sink
+    enabled = []
+    try:
+        for kind in kinds:
+            cupti.activity_enable(kind)
+            enabled.append(kind)
+        for _ in range(iters):
+            flusher.flush()
+            torch.cuda.synchronize()
+            start = cupti.get_timestamp()
+            fn()
+            end = cupti.get_timestamp()
+            torch.cuda.synchronize()
+            brackets.append((start, end))
+        cupti.activity_flush_all(1)
+    finally:
+        for kind in enabled:
+            cupti.activity_disable(kind)
+        _cupti["sink"] = None
+    totals = sum_by_bracket(brackets, launches, activities)
+    if not all(totals):
+        raise _no_kernels("cupti")
+    return [t / 1e3 for t in totals]
+
+
+def _measure_torch_profiler(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> list[float]:
+    import torch
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for i in range(iters):
+            flusher.flush()
+            torch.cuda.synchronize()
+            with record_function(f"{MARK}{i}"):
+                fn()
+            torch.cuda.synchronize()
+    per_call: dict[int, float] = {}
+    for e in prof.events():
+        if e.name.startswith(MARK) and e.device_type == DeviceType.CPU:
+            per_call[int(e.name[len(MARK):])] = e.device_time_total
+    totals = [per_call.get(i, 0.0) for i in range(iters)]
+    if not all(totals):
+        raise _no_kernels("torch-profiler")
+    return totals
+
+
+def _measure_cuda_graph(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> tuple[str, list[float]]:
+    import torch
+
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+        run, method = graph.replay, "cuda-graph"
+    except Exception:  # a call that synchronizes or allocates on the host cannot be captured
+        torch.cuda.synchronize()
+        run, method = fn, EVENTS_FALLBACK
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    out = []
+    for _ in range(iters):
+        flusher.flush()
+        start.record()
+        run()
+        end.record()
+        end.synchronize()
+        out.append(start.elapsed_time(end) * 1e3)
+    return method, out

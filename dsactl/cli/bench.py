@@ -1,0 +1,132 @@
+"""dsactl bench: kernel latency, speedup over the reference and baselines, regressions."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from typing import List, Optional
+
+import typer
+
+from dsactl.cli.render import console, err_console
+
+# Exit codes: 0 ok; 1 a regression against --compare, or a solution failed to run;
+# 2 a usage error (DsactlError, from dsactl.cli.main).
+EXIT_REGRESSION = 1
+
+
+def _command_line() -> str:
+    return shlex.join(["dsactl", *sys.argv[1:]])
+
+
+def _render_comparison(comparison) -> None:
+    from dsactl.cli.render import table
+
+    for w in comparison.warnings:
+        console.print(f"[yellow]warning: {w}[/yellow]")
+    changed = [d for d in comparison.deltas if d.regression or d.improvement]
+    if changed:
+        console.print(table("changes beyond 5% and the run-to-run spread",
+                            ["solution", "workload", "old us", "new us", "change", "noise us", "verdict"],
+                            ((d.solution, d.workload, f"{d.old_us:.2f}", f"{d.new_us:.2f}", f"{d.change:+.1%}",
+                              f"{d.noise_us:.2f}",
+                              "[bold red]regression[/]" if d.regression else "[green]improvement[/]")
+                             for d in changed)))
+    console.print(f"compared {len(comparison.deltas)} rows: {len(comparison.regressions)} regressions, "
+                  f"{len(comparison.improvements)} improvements"
+                  + (f"; {len(comparison.only_old)} only in the old run" if comparison.only_old else "")
+                  + (f"; {len(comparison.only_new)} new" if comparison.only_new else ""))
+
+
+def register(app: typer.Typer) -> None:
+    @app.command()
+    def bench(
+        definition: Optional[str] = typer.Option(None, "--definition", "-d", help="Definition name or glob."),
+        solution: Optional[List[str]] = typer.Option(None, "--solution", "-s",
+                                                     help="Only these registered solutions (repeatable)."),
+        suite: str = typer.Option("contest", "--suite", help="Embedded suite: contest, scale, edge or all."),
+        dataset: Optional[str] = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder instead."),
+        workload: Optional[str] = typer.Option(None, "--workload", "-w", help="Only this workload uuid."),
+        baseline: Optional[List[str]] = typer.Option(
+            None, "--baseline", "-b",
+            help="Baselines to time besides the reference (repeatable): a baseline solution, flashinfer, "
+                 "flashmla. Default: every one serving the definition."),
+        no_reference: bool = typer.Option(False, "--no-reference", help="Skip the (slow) reference: no speedups."),
+        warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed calls before each trial."),
+        iters: int = typer.Option(50, "--iters", min=1, help="Timed calls per trial."),
+        trials: int = typer.Option(3, "--trials", min=1, help="Trials, each with fresh inputs (seed = trial)."),
+        method: str = typer.Option("auto", "--method",
+                                   help="Timing: auto, cupti, torch-profiler or cuda-graph (auto: first that works)."),
+        csv_path: Optional[str] = typer.Option(None, "--csv", help="CSV path (default profiles/<gpu>/bench-....csv)."),
+        json_path: Optional[str] = typer.Option(None, "--json", help="JSON path (default next to the CSV)."),
+        no_save: bool = typer.Option(False, "--no-save", help="Write no CSV/JSON unless --csv/--json are given."),
+        compare_path: Optional[str] = typer.Option(None, "--compare",
+                                                   help="Older bench CSV: flag regressions, exit 1 on any."),
+        plot_dir: Optional[str] = typer.Option(None, "--plot", help="Write latency and speedup PNGs here."),
+    ) -> None:
+        """Time solutions, the reference and baselines on a suite; report latency, speedup, GB/s, TFLOP/s."""
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        from dsactl import workloads as wl
+        from dsactl.bench import compare, plot, report, runner
+
+        selected = wl.select(suite, dataset, definition, workload)
+        settings = runner.Settings(warmup=warmup, iters=iters, trials=trials, method=method,
+                                   include_reference=not no_reference, baselines=baseline or None,
+                                   solutions=solution or None)
+        old = report.read_csv(compare_path) if compare_path else None
+
+        def ready(meta) -> None:
+            console.print(f"GPU {meta['gpu']} ({meta['sm_count']} SMs, SM clock {meta['sm_clock_mhz']}/"
+                          f"{meta['max_sm_clock_mhz']} MHz, driver {meta['driver']}); timing: {meta['timing_method']}, "
+                          f"{warmup} warmup + {iters} iterations x {trials} trials, cold L2")
+            if settings.include_reference:
+                console.print(f"the reference is timed with {runner.REFERENCE_ITERS} iterations after "
+                              f"{runner.REFERENCE_WARMUP} warmup (a slow per-row Python loop)")
+            peaks = meta["peaks"]
+            console.print(f"peaks: copy {peaks['copy_gbps']:.0f} GB/s, bf16 matmul {peaks['bf16_tflops']:.0f} TFLOP/s")
+            check = meta["self_check"]
+            style = "green" if check["ok"] else "bold red"
+            console.print(f"[{style}]timing self-check ({check['method']}): copy of {check['nbytes'] / 2**20:.0f} MiB "
+                          f"took {check['measured_us']:.1f} us, expected {check['expected_us']:.1f} us "
+                          f"({check['deviation']:+.1%}){'' if check['ok'] else ': latencies are suspect'}[/]")
+
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=err_console, transient=True) as bar:
+            task = bar.add_task("bench", total=len(selected) * trials)
+            started = [0]
+
+            def advance(text: str) -> None:  # called as each (workload, trial) starts
+                bar.update(task, completed=started[0], description=text)
+                started[0] += 1
+
+            run = runner.bench(selected, settings, _command_line(), progress=advance, on_ready=ready)
+
+        if run.results:
+            console.print(report.results_table(run.results))
+            if run.scores():
+                console.print(report.scores_table(run))
+        if run.skipped:
+            console.print(report.skipped_table(run.skipped))
+
+        if not no_save or csv_path or json_path:
+            default_csv, default_json = report.default_paths(
+                run.meta["gpu"], report.default_stem(dataset or suite, definition, solution or None))
+            if csv_path or not no_save:
+                console.print(f"wrote {report.write_csv(csv_path or default_csv, run)}")
+            if json_path or not no_save:
+                console.print(f"wrote {report.write_json(json_path or default_json, run)}")
+        if plot_dir:
+            for path in plot.plot(run.results, plot_dir):
+                console.print(f"wrote {path}")
+
+        failed = run.failed_solutions()
+        regressed = False
+        if old is not None:
+            comparison = compare.compare(old.results, run.results, old.meta, run.meta)
+            _render_comparison(comparison)
+            regressed = bool(comparison.regressions)
+        if failed:
+            console.print(f"[bold red]{len(failed)} solution run(s) failed (see skipped)[/]")
+        if regressed or failed:
+            raise typer.Exit(EXIT_REGRESSION)

@@ -1,0 +1,225 @@
+"""dsactl verify: check solutions against the references with the contest's rules."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from dsactl.cli.render import console, table, write_json
+from dsactl.errors import DsactlError
+
+# Exit codes: 0 every verified pair passed; 1 a failure, an error or a sanitizer finding;
+# 2 a usage error (DsactlError); 3 nothing could be verified here (everything skipped).
+EXIT_FAILED = 1
+EXIT_NOTHING_RAN = 3
+MAX_PROBLEMS_SHOWN = 6
+STATUS_STYLE = {"passed": "green", "failed": "bold red", "error": "bold red"}
+
+
+def _num(x: float | None, digits: int = 3) -> str:
+    return "" if x is None else f"{x:.{digits}g}"
+
+
+def _candidates(solution_names: list[str], bundle: Path | None, definitions: set[str]):
+    from dsactl import solutions
+    from dsactl.verify import runner
+
+    chosen = [runner.candidate(solutions.get(n)) for n in solution_names]
+    if bundle is not None:
+        try:
+            from dsactl.pack.loader import load_bundle
+        except ImportError as e:
+            raise DsactlError(f"--bundle needs dsactl.pack.loader.load_bundle, missing here ({e})") from None
+        chosen.append(runner.candidate(load_bundle(bundle), selector=("--bundle", str(bundle))))
+    if chosen:
+        for c in chosen:
+            if not any(c.serves(d) for d in definitions):
+                raise DsactlError(f"solution {c.name} serves none of the chosen definitions "
+                                  f"({', '.join(sorted(definitions))})")
+        return chosen, True
+    return [runner.candidate(s) for s in solutions.SOLUTIONS if any(s.serves(d) for d in definitions)], False
+
+
+def _selection(definition, solution_names, suite, dataset, bundle, workload, quick) -> list[str]:
+    """The command-line options that choose the same pairs again (for the sanitizer's child)."""
+    args = ["--dataset", str(dataset)] if dataset else ["--suite", suite]
+    if definition:
+        args += ["--definition", definition]
+    for name in solution_names:
+        args += ["--solution", name]
+    if bundle:
+        args += ["--bundle", str(bundle)]
+    if workload:
+        args += ["--workload", workload]
+    if quick:
+        args.append("--quick")
+    return args
+
+
+def _render(report) -> None:
+    from dsactl.verify.runner import PASSED
+
+    for definition in dict.fromkeys(r.definition for r in report.results):
+        rows = [(r.solution, r.workload, r.label, f"[{STATUS_STYLE[r.status]}]{r.status}[/]", _num(r.max_abs),
+                 _num(r.max_rel), f"{100 * r.matched:.2f}%", _num(r.call_ms, 4), f"{r.seconds:.1f}")
+                for r in report.results if r.definition == definition]
+        console.print(table(definition, ["solution", "workload", "class", "status", "max abs", "max rel", "matched",
+                                         "call ms", "time s"], rows))
+    baselines = {r.solution for r in report.results if r.baseline}
+    if report.skipped:
+        console.print(table("skipped (not run, never counted as passed)",
+                            ["solution", "definition", "workloads", "reason"],
+                            ((s.solution, s.definition, s.workloads, s.reason) for s in report.skipped)))
+    console.print(table("summary", ["definition", "solution", "passed", "failed", "errors", "skipped", "max abs",
+                                    "max rel", "time s"],
+                        ((s.definition, s.solution + (" (baseline)" if s.solution in baselines else ""),
+                          s.passed, s.failed, s.errors, s.skipped, _num(s.max_abs),
+                          _num(s.max_rel), f"{s.seconds:.1f}") for s in report.summary())))
+    for r in report.results:
+        if r.status == PASSED:
+            continue
+        seed = "" if r.failing_seed is None else f", trial seed {r.failing_seed}"
+        console.print(f"\n[{STATUS_STYLE[r.status]}]{r.status}[/] {r.solution} on {r.workload} ({r.definition}{seed})",
+                      soft_wrap=True)
+        for p in r.problems[:MAX_PROBLEMS_SHOWN]:
+            console.print(f"  - {p}", markup=False, highlight=False, soft_wrap=True)
+        if len(r.problems) > MAX_PROBLEMS_SHOWN:
+            console.print(f"  - ... {len(r.problems) - MAX_PROBLEMS_SHOWN} more in --json")
+        if r.saved:
+            console.print(f"  inputs saved: {r.saved}", markup=False, soft_wrap=True)
+        if r.repro:
+            console.print(f"  reproduce: {r.repro}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _render_sanitize(reports) -> None:
+    rows = []
+    for rep in reports:
+        for kernel, n in sorted(rep.per_kernel.items(), key=lambda kv: -kv[1]):
+            rows.append((rep.tool, kernel, n))
+        rows.append((rep.tool, "[bold]all kernels (summary line)[/]",
+                     f"{rep.errors} errors" + (f", {rep.warnings} warnings" if rep.warnings else "")))
+    console.print(table("compute-sanitizer", ["tool", "kernel", "errors shown"], rows))
+    for rep in reports:
+        if rep.problem:
+            console.print(f"[bold red]{rep.tool}[/]: {rep.problem}; last lines of its log:")
+            for line in rep.log_tail:
+                console.print(f"  {line}", markup=False, highlight=False)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("verify")
+    def verify(
+        definition: Optional[str] = typer.Option(None, "--definition", "-d",
+                                                 help="Definition name or pattern (fnmatch), e.g. 'dsa_topk_*'."),
+        solution: Optional[List[str]] = typer.Option(None, "--solution", "-s",
+                                                     help="Registered solution to verify (repeatable); default: "
+                                                          "every solution serving the chosen definitions."),
+        suite: str = typer.Option("contest", "--suite", help="Workload suite: contest | scale | edge | all."),
+        dataset: Optional[Path] = typer.Option(None, "--dataset", help="flashinfer-bench dataset folder "
+                                                                       "(replaces --suite)."),
+        bundle: Optional[Path] = typer.Option(None, "--bundle", help="Solution JSON bundle (dsactl pack) to verify."),
+        workload: Optional[str] = typer.Option(None, "--workload", "-w", help="Only this workload (uuid)."),
+        quick: bool = typer.Option(False, "--quick", help="A few small workloads per definition "
+                                                          "(always on without a GPU, unless --workload)."),
+        trials: int = typer.Option(3, "--trials", min=1,
+                                   help="Calls per workload, each on fresh inputs (seed = trial)."),
+        atol: float = typer.Option(1e-2, "--atol", help="Absolute tolerance."),
+        rtol: float = typer.Option(1e-2, "--rtol", help="Relative tolerance."),
+        matched_ratio: float = typer.Option(1.0, "--matched-ratio", min=0.0, max=1.0,
+                                            help="Fraction of elements that must be within tolerance."),
+        json_path: Optional[Path] = typer.Option(None, "--json", help="Write the full report as JSON to this file."),
+        save_failures: Optional[Path] = typer.Option(None, "--save-failures",
+                                                     help="Save each failing call's inputs (safetensors dataset) "
+                                                          "under this folder."),
+        sanitize: bool = typer.Option(False, "--sanitize/--no-sanitize",
+                                      help="Also run the calls under compute-sanitizer memcheck and racecheck."),
+        calls_only: bool = typer.Option(False, "--calls-only", hidden=True,
+                                        help="One call per pair, nothing judged (the sanitizer's child run)."),
+    ) -> None:
+        """Check solutions against the references: tolerance per element, top-k set semantics,
+        poisoned outputs, fresh inputs per trial. Exit 0: all verified pairs passed; 1: a failure;
+        3: nothing could run here."""
+        import torch
+
+        gpu = torch.cuda.is_available()
+        if not gpu:
+            # Triton kernels decorated from here on run on the CPU under the interpreter.
+            os.environ.setdefault("TRITON_INTERPRET", "1")
+        if sanitize:
+            from dsactl.verify import sanitize as sanitizer
+
+            if not gpu:
+                raise DsactlError("--sanitize needs a CUDA GPU (compute-sanitizer watches device code)")
+            sanitizer.find_sanitizer()
+
+        from dsactl import workloads as wl
+        from dsactl.verify import rules, runner
+
+        names = list(solution or [])
+        chosen = wl.select(suite, str(dataset) if dataset else None, definition, workload)
+        cands, explicit = _candidates(names, bundle, {w.definition for w in chosen})
+        if explicit:
+            chosen = [w for w in chosen if any(c.serves(w.definition) for c in cands)]
+        use_quick = quick or (not gpu and workload is None)
+        if use_quick:
+            chosen = runner.quick(chosen)
+
+        if calls_only:
+            def show(c, w, error):
+                if error:
+                    console.print(f"error: {c.name} on {w.uuid}: {error}", markup=False)
+
+            calls = []
+            failures = runner.run_once(cands, chosen, on_call=lambda c, w, e: (calls.append(w), show(c, w, e)))
+            console.print(f"calls-only: {len(calls)} calls, {failures} raised")
+            raise typer.Exit(EXIT_FAILED if failures else 0)
+
+        tol = rules.Tolerance(atol, rtol, matched_ratio)
+        device = runner.default_device()
+        note = "" if gpu else " (no CUDA GPU: CPU, Triton under the interpreter, quick subset)"
+        console.print(f"verify: {len(chosen)} workloads, {len(cands)} solutions, {trials} trials, "
+                      f"atol {atol:g} rtol {rtol:g} matched-ratio {matched_ratio:g}, device {device}{note}")
+
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            task = progress.add_task("verify", total=None)
+
+            def on_start(c, w, index, total):
+                progress.update(task, total=total, description=f"{c.name} · {w.uuid}")
+
+            report = runner.verify(cands, chosen, trials, tol, device, save_dir=save_failures,
+                                   on_start=on_start, on_result=lambda r: progress.advance(task))
+        _render(report)
+
+        sanitize_reports = []
+        if sanitize:
+            console.print("compute-sanitizer: memcheck and racecheck over the same calls (one per pair) ...")
+            sanitize_reports = sanitizer.run(_selection(definition, names, suite, dataset, bundle, workload,
+                                                        use_quick))
+            _render_sanitize(sanitize_reports)
+
+        if json_path:
+            payload = report.to_json()
+            payload["selection"] = {"suite": None if dataset else suite, "dataset": str(dataset) if dataset else None,
+                                    "definition": definition, "solutions": names,
+                                    "bundle": str(bundle) if bundle else None, "workload": workload,
+                                    "quick": use_quick}
+            if sanitize:
+                from dataclasses import asdict
+
+                payload["sanitize"] = [asdict(r) for r in sanitize_reports]
+            write_json(json_path, payload)
+
+        skipped = sum(s.workloads for s in report.skipped)
+        console.print(f"\nverify: {report.count('passed')} passed, {report.count('failed')} failed, "
+                      f"{report.count('error')} errors, {skipped} skipped (not run, not passed)")
+        if not report.ok or any(not r.clean for r in sanitize_reports):
+            raise typer.Exit(EXIT_FAILED)
+        if not report.results:
+            console.print("nothing was verified here: every solution was skipped (see the reasons above)")
+            raise typer.Exit(EXIT_NOTHING_RAN)

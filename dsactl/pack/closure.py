@@ -1,0 +1,287 @@
+"""The files a solution's entry point needs: its Python import closure within the dsactl
+package, plus the CUDA sources its launchers build.
+
+Read statically with `ast`, never run: `import` and `from ... import`, absolute and
+relative, at module level or inside functions. A package's __init__ belongs to the closure
+whenever one of its modules does (Python runs it first). Not followed: imports under
+`if TYPE_CHECKING:` (never run), importlib or __import__ with computed names, and data
+files opened through __file__.
+
+CUDA: a launcher builds library <name> by calling load_library("<name>") (a string literal
+or a module-level string constant); the closure ships kernels/<stage>/<name>.cu and the
+headers of its folder, the `dsactl build` convention. Bundles cannot use `dsactl build`
+outputs, so dsactl.build.runtime is replaced by dsactl.pack.jit_runtime, which builds the
+shipped sources with nvcc on first use.
+
+The same walk checks a bundle (check.py): there the root is the bundle's own folder,
+imports are followed only through relative names, and nothing is redirected.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Mapping
+
+from dsactl.errors import DsactlError
+
+ROOT = "dsactl"
+JIT_RUNTIME = "dsactl.pack.jit_runtime"
+REDIRECTS = {"dsactl.build.runtime": JIT_RUNTIME}
+# Where the CUDA sources lie inside a bundle: the module layout of dsactl.kernels, which is
+# where jit_runtime looks for them.
+BUNDLE_KERNELS = "dsactl/kernels"
+# A bundle runs where only these and the standard library are installed.
+ALLOWED_EXTERNAL = ("torch", "triton")
+LOAD_LIBRARY = "load_library"
+# The package a bundle's files are imported under when checked (flashinfer-bench: fib_python_<hash>).
+BUNDLE_ROOT = "__bundle__"
+
+
+@dataclass(frozen=True)
+class ModuleFile:
+    name: str  # dotted module name
+    is_package: bool
+    source: str  # "" for a package without an __init__ or with an empty one: nothing to ship
+    path: str  # the file's path inside a bundle
+    origin: str  # where it was read, for messages
+
+    @property
+    def package(self) -> str:
+        """The package its relative imports start from."""
+        return self.name if self.is_package else self.name.rpartition(".")[0]
+
+
+Finder = Callable[[str], "ModuleFile | None"]
+
+
+@dataclass
+class Closure:
+    modules: dict[str, ModuleFile] = field(default_factory=dict)  # in discovery order
+    via: dict[str, str] = field(default_factory=dict)  # module -> path of the file that first imported it
+    external: dict[str, str] = field(default_factory=dict)  # top-level name -> path of its first importer
+    cuda_libs: dict[str, str] = field(default_factory=dict)  # library -> path of the first file loading it
+    computed_cuda: list[str] = field(default_factory=list)  # "file:line" of load_library(<not a constant>)
+
+
+def module_path(name: str, is_package: bool) -> str:
+    base = name.replace(".", "/")
+    return f"{base}/__init__.py" if is_package else f"{base}.py"
+
+
+def repo_finder(name: str) -> ModuleFile | None:
+    """A module of the installed dsactl, located without running it (only its parent
+    packages are imported, as importlib.util.find_spec does)."""
+    parent = name.rpartition(".")[0]
+    if parent:
+        found = repo_finder(parent)
+        if found is None or not found.is_package:
+            return None
+    try:
+        spec = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    is_package = spec.submodule_search_locations is not None
+    if spec.origin is None or not spec.has_location:  # a namespace package: no file
+        return ModuleFile(name, True, "", module_path(name, True), name)
+    origin = Path(spec.origin)
+    if origin.suffix != ".py":
+        raise DsactlError(f"{name} is {origin.name}, not Python source: a bundle can only ship sources")
+    return ModuleFile(name, is_package, _read_text(origin), module_path(name, is_package), str(origin))
+
+
+def bundle_finder(files: Mapping[str, str], root: str) -> Finder:
+    """Modules of a bundle's files, named root.<path>; resolved the way Python does it:
+    a package's __init__, then a module file, then a folder (namespace package)."""
+
+    def find(name: str) -> ModuleFile | None:
+        if name != root and not name.startswith(root + "."):
+            return None
+        rel = name[len(root) + 1:].replace(".", "/")
+        init = f"{rel}/__init__.py" if rel else "__init__.py"
+        if init in files:
+            return ModuleFile(name, True, files[init], init, init)
+        if rel and f"{rel}.py" in files:
+            return ModuleFile(name, False, files[f"{rel}.py"], f"{rel}.py", f"{rel}.py")
+        if not rel or any(p.startswith(rel + "/") for p in files):
+            return ModuleFile(name, True, "", init, rel + "/")
+        return None
+
+    return find
+
+
+def python_closure(entry: str, find: Finder, root: str = ROOT,
+                   redirects: Mapping[str, str] = REDIRECTS) -> Closure:
+    """Every module under `root` reachable from module `entry` through imports."""
+    closure = Closure()
+    todo: list[tuple[str, str]] = [(entry, "the entry point")]
+    while todo:
+        name, importer = todo.pop(0)
+        name = redirects.get(name, name)
+        if name in closure.modules:
+            continue
+        found = find(name)
+        if found is None:
+            if root == BUNDLE_ROOT:
+                raise DsactlError(f"{importer} imports {name.removeprefix(root + '.')}, which is not in the bundle")
+            raise DsactlError(f"{importer} imports {name}, which is not a module of {root}")
+        closure.modules[name] = found
+        closure.via[name] = importer
+        parent = name.rpartition(".")[0]
+        if parent:
+            todo.append((parent, found.path))
+        tree = parse(found)
+        constants = _string_constants(tree)
+        for node in runtime_nodes(tree):
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    _follow(closure, todo, alias.name, found.path, root)
+            elif isinstance(node, ast.ImportFrom):
+                base = absolute_base(node, found)
+                if not _follow(closure, todo, base, found.path, root):
+                    continue
+                package = find(redirects.get(base, base))
+                if package is not None and package.is_package:
+                    for alias in node.names:
+                        if alias.name != "*" and find(f"{base}.{alias.name}") is not None:
+                            todo.append((f"{base}.{alias.name}", found.path))
+            elif isinstance(node, ast.Call) and _callee(node.func) == LOAD_LIBRARY:
+                library = _library_name(node, constants)
+                if library is None:
+                    closure.computed_cuda.append(f"{found.origin}:{node.lineno}")
+                else:
+                    closure.cuda_libs.setdefault(library, found.path)
+    return closure
+
+
+def parse(module: ModuleFile) -> ast.Module:
+    try:
+        return ast.parse(module.source, filename=module.origin)
+    except SyntaxError as e:
+        raise DsactlError(f"{module.origin}:{e.lineno}: not valid Python ({e.msg})") from None
+
+
+def runtime_nodes(tree: ast.AST) -> Iterator[ast.AST]:
+    """Every node, as ast.walk, except inside `if TYPE_CHECKING:` bodies."""
+    todo = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        if isinstance(node, ast.If) and _callee(node.test) == "TYPE_CHECKING":
+            todo.extend(node.orelse)
+        else:
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def absolute_base(node: ast.ImportFrom, module: ModuleFile) -> str:
+    """The module named after `from`, made absolute."""
+    if node.level == 0:
+        return node.module or ""
+    parts = module.package.split(".")
+    if node.level > len(parts):
+        raise DsactlError(f"{module.origin}:{node.lineno}: relative import goes above the {parts[0]} package")
+    base = parts[: len(parts) - node.level + 1]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def _follow(closure: Closure, todo: list[tuple[str, str]], target: str, importer: str, root: str) -> bool:
+    """Queue target when it lies under root, else note it as external; whether it was queued."""
+    top = target.partition(".")[0]
+    if top == root:
+        todo.append((target, importer))
+        return True
+    if top != "__future__" and top not in sys.stdlib_module_names:
+        closure.external.setdefault(top, importer)
+    return False
+
+
+def _callee(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Name):
+        return func.id
+    if isinstance(func, ast.Attribute):
+        return func.attr
+    return None
+
+
+def _string_constants(tree: ast.Module) -> dict[str, str]:
+    """NAME = "text" at module level."""
+    found = {}
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and len(node.targets) == 1:
+            target, value = node.targets[0], node.value
+        elif isinstance(node, ast.AnnAssign) and node.value is not None:
+            target, value = node.target, node.value
+        else:
+            continue
+        if isinstance(target, ast.Name) and isinstance(value, ast.Constant) and isinstance(value.value, str):
+            found[target.id] = value.value
+    return found
+
+
+def _library_name(call: ast.Call, constants: dict[str, str]) -> str | None:
+    arg = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "name"), None)
+    if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+        return arg.value
+    if isinstance(arg, ast.Name):
+        return constants.get(arg.id)
+    return None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise DsactlError(f"{path} is not UTF-8 text: a bundle carries sources as text") from None
+
+
+@dataclass(frozen=True)
+class CudaFile:
+    path: str  # inside the bundle
+    source: Path  # in the checkout
+    library: str
+
+    def read(self) -> str:
+        return _read_text(self.source)
+
+
+def solution_closure(entry: str, declared_libs: tuple[str, ...] = ()) -> tuple[Closure, list[CudaFile]]:
+    """The closure of a solution's entry ("dsactl.x.y:func") in the installed dsactl, checked
+    self-contained: imports only torch, triton and the standard library outside dsactl, and
+    every CUDA library it loads has sources and the runtime that builds them."""
+    module = entry.partition(":")[0]
+    if module.partition(".")[0] != ROOT:
+        raise DsactlError(f"entry {entry} is outside the {ROOT} package: dsactl packs only its own solutions")
+    closure = python_closure(module, repo_finder)
+    foreign = {top: via for top, via in closure.external.items() if top not in ALLOWED_EXTERNAL}
+    if foreign:
+        shown = ", ".join(f"{top} (imported by {via})" for top, via in sorted(foreign.items()))
+        raise DsactlError(f"{entry} needs {shown}; a bundle may import only "
+                          f"{', '.join(ALLOWED_EXTERNAL)} and the standard library")
+    libraries = dict(closure.cuda_libs)
+    for lib in declared_libs:
+        libraries.setdefault(lib, "the solution's cuda_libs")
+    if closure.computed_cuda and not declared_libs:
+        raise DsactlError(f"load_library with a computed name at {', '.join(closure.computed_cuda)}: "
+                          "list the libraries in the solution's cuda_libs")
+    if libraries and JIT_RUNTIME not in closure.modules:
+        raise DsactlError(f"{entry} loads CUDA libraries ({', '.join(libraries)}) but does not import "
+                          "dsactl.build.runtime, which bundles replace with their own builder")
+    return closure, _cuda_files(libraries)
+
+
+def _cuda_files(libraries: dict[str, str]) -> list[CudaFile]:
+    from dsactl.build.sources import find_cuda, kernels_dir
+
+    root = kernels_dir()
+    files: dict[str, CudaFile] = {}
+    for lib in sorted(libraries):
+        source = find_cuda(lib)
+        for path in (source.path, *source.headers):
+            rel = f"{BUNDLE_KERNELS}/{path.relative_to(root).as_posix()}"
+            files.setdefault(rel, CudaFile(rel, path, lib))
+    return list(files.values())

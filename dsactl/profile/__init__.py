@@ -1,0 +1,46 @@
+"""Nsight Compute profiling: collect reports (collect, worker), read them into
+tables (report), chart them (plot); analyze() turns reports into the written outputs."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+OUTPUTS = ("kernels.csv", "kernels.md", "classes.csv", "classes.md", "roofline.png", "utilisation.png")
+
+
+def gpu_slug(name: str) -> str:
+    """Folder name for a GPU under profiles/: 'NVIDIA H200' -> 'h200'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().removeprefix("nvidia").strip()).strip("-") or "gpu"
+
+
+@dataclass
+class Analysis:
+    kernels: object  # pandas DataFrame, one row per launch (report.COLUMNS)
+    classes: object  # pandas DataFrame, one row per (solution, kernel, class) (report.CLASS_COLUMNS)
+    roofs: object  # plot.Roofs
+    device: str
+    files: list[Path] = field(default_factory=list)
+
+
+def analyze(reports: list[Path], out_dir: Path, command: str, bench_cache: Path | None = None) -> Analysis:
+    """Tables (CSV, markdown) and charts (PNG) of the given reports, written to out_dir with the command."""
+    from dsactl.profile import plot, report
+
+    launches = report.load(reports)
+    device = str(launches["_device"].dropna().iloc[0]) if launches["_device"].notna().any() else "unknown GPU"
+    roofs = plot.roofs(launches, device, bench_cache)
+    kernels = launches[list(report.COLUMNS)]
+    classes = report.by_class(kernels)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    files = [out_dir / name for name in OUTPUTS]
+    kernels.to_csv(files[0], index=False)
+    files[1].write_text(report.to_markdown(kernels))
+    classes.to_csv(files[2], index=False)
+    files[3].write_text(report.to_markdown(classes))
+    title = f"{device}: {', '.join(p.name for p in reports)}"
+    plot.roofline(classes, roofs, files[4], title)
+    plot.utilisation(classes, files[5], title)
+    (out_dir / "command.txt").write_text(command + "\n")
+    return Analysis(kernels, classes, roofs, device, files + [out_dir / "command.txt"])

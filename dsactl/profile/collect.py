@@ -1,0 +1,186 @@
+"""Collect Nsight Compute reports of solutions on their workloads.
+
+Each solution runs in its own child process (`python -m dsactl.profile.worker`)
+under ncu, which writes one `<solution>.ncu-rep`. The worker prepares inputs
+and warms up outside any NVTX range, then wraps each profiled solution call in
+a push/pop range named NVTX_RANGE with a nested range naming the solution,
+workload and class; ncu's `--nvtx-include "dsactl/"` filter makes it profile
+only kernels launched inside it, so input generation, poisoning, compilation
+and autotuning never show up in a report.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from dsactl.errors import DsactlError
+
+if TYPE_CHECKING:
+    from dsactl.solutions import Solution
+    from dsactl.workloads import Workload
+
+NVTX_RANGE = "dsactl"
+SETS = ("roofline",)
+# --set roofline records neither occupancy nor launch statistics (grid, registers).
+SET_SECTIONS = {"roofline": ("--set", "roofline", "--section", "Occupancy", "--section", "LaunchStats")}
+NCU_OPTIONS = (
+    "--clock-control", "none",  # profile at the clocks the GPU runs at; never change them
+    "--print-units", "base",
+    "--nvtx", "--nvtx-include", f"{NVTX_RANGE}/",
+    "--force-overwrite",
+)
+_RANGE_FORMAT = "solution={solution} workload={workload} class={label}"
+_RANGE_RE = re.compile(r"^solution=(?P<solution>\S+) workload=(?P<workload>\S+) class=(?P<label>\S*)$")
+SKIP_PREFIX = "dsactl-profile skipped"
+_SKIP_RE = re.compile(rf"^{SKIP_PREFIX} (\S+): (.*)$", re.MULTILINE)
+_EXCEPTION = re.compile(r"^[A-Za-z_.]*(Error|Exception)\b")
+
+NCU_MISSING = (
+    "Nsight Compute (ncu) is not on PATH: install it (it ships with the CUDA toolkit, e.g. /usr/local/cuda/bin, "
+    "and from https://developer.nvidia.com/nsight-compute) and put its folder on PATH. To read a report made "
+    "elsewhere, run `dsactl profile --import REPORT.ncu-rep` (needs no ncu and no GPU)."
+)
+NO_COUNTER_PERMISSION = (
+    "ncu may not read this GPU's performance counters (ERR_NVGPUCTRPERM): run the command as root (sudo -E), or "
+    "allow every user to profile by loading the driver with NVreg_RestrictProfilingToAdminUsers=0 "
+    "(https://developer.nvidia.com/ERR_NVGPUCTRPERM)."
+)
+NO_PROFILER = (
+    "ncu could not start its profiler here ({detail}): this machine does not expose the GPU's hardware counters "
+    "(sandboxed runtimes such as gVisor do not). Profile on a machine that gives ncu the counters, then "
+    "`dsactl profile --import` the report."
+)
+
+
+def range_name(solution: str, workload: str, label: str) -> str:
+    """The NVTX range naming one profiled call; report.py reads it back with parse_range_name."""
+    return _RANGE_FORMAT.format(solution=solution, workload=workload, label=label)
+
+
+def parse_range_name(name: str) -> dict[str, str] | None:
+    m = _RANGE_RE.match(name)
+    return m.groupdict() if m else None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What to profile: the workloads of a suite or dataset, filtered, and the solutions serving them."""
+
+    suite: str | None = None
+    dataset: str | None = None
+    definition: str | None = None
+    workloads: tuple[str, ...] = ()  # workload ids; empty = all
+    solution: str | None = None
+
+    def argv(self) -> list[str]:
+        out = [a for k in ("suite", "dataset", "definition", "solution") if getattr(self, k) is not None
+               for a in (f"--{k}", getattr(self, k))]
+        return out + [a for w in self.workloads for a in ("--workload", w)]
+
+
+@dataclass(frozen=True)
+class Target:
+    solution: Solution
+    workloads: tuple[Workload, ...]
+
+
+def plan(selection: Selection) -> list[Target]:
+    """(solution, its workloads) pairs: the named solution, else every shipped one serving a workload."""
+    from dsactl import solutions, workloads
+
+    ws = workloads.select(selection.suite, selection.dataset, selection.definition)
+    if selection.workloads:
+        missing = set(selection.workloads) - {w.uuid for w in ws}
+        if missing:
+            raise DsactlError(f"no workload {', '.join(sorted(missing))} among the selected ones "
+                              f"(suite {selection.suite or 'contest'})")
+        ws = [w for w in ws if w.uuid in selection.workloads]
+    if selection.solution:
+        chosen = [solutions.get(selection.solution)]
+    else:
+        chosen = [s for s in solutions.SOLUTIONS if not s.baseline]
+    targets = [Target(s, tuple(w for w in ws if s.serves(w.definition))) for s in chosen]
+    targets = [t for t in targets if t.workloads]
+    if not targets:
+        defs = ", ".join(sorted({w.definition for w in ws})[:4])
+        who = f"solution {selection.solution!r} serves" if selection.solution else "no shipped solution serves"
+        raise DsactlError(f"{who} none of the {len(ws)} selected workloads (definitions: {defs}, ...)")
+    return targets
+
+
+def find_ncu() -> str:
+    ncu = shutil.which("ncu")
+    if ncu is None:
+        raise DsactlError(NCU_MISSING)
+    return ncu
+
+
+def ncu_command(ncu: str, report: Path, program: list[str], ncu_set: str = "roofline") -> list[str]:
+    if ncu_set not in SETS:
+        raise DsactlError(f"unknown ncu section set {ncu_set!r}; dsactl collects: {', '.join(SETS)}")
+    return [ncu, *SET_SECTIONS[ncu_set], *NCU_OPTIONS, "--export", str(report), *program]
+
+
+def worker_command(selection: Selection, seed: int) -> list[str]:
+    return [sys.executable, "-m", "dsactl.profile.worker", *selection.argv(), "--seed", str(seed)]
+
+
+def check_output(returncode: int, text: str, log: Path | None) -> None:
+    """Turn ncu's known failures into one clear DsactlError."""
+    where = f" (full output: {log})" if log else ""
+    if "ERR_NVGPUCTRPERM" in text:
+        raise DsactlError(NO_COUNTER_PERMISSION)
+    m = re.search(r"Failed to initialize the profiler:?\s*(.*)", text)
+    if m or "LibraryNotLoaded" in text:
+        raise DsactlError(NO_PROFILER.format(detail=(m.group(1).strip() if m else "LibraryNotLoaded") or "no detail"))
+    if returncode != 0:
+        # The profiled program's own error says more than ncu's "application returned an error code".
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        cause = ([ln for ln in lines if ln.startswith("error: ")] or [ln for ln in lines if _EXCEPTION.match(ln)]
+                 or [ln for ln in lines if ln.startswith("==ERROR==")] or lines or ["no output"])[-1]
+        raise DsactlError(f"profiling failed (exit {returncode}): {cause.removeprefix('error: ')}{where}")
+    if "No kernels were profiled" in text:
+        raise DsactlError(f"ncu profiled no kernel: none was launched inside the {NVTX_RANGE!r} NVTX range{where}")
+
+
+@dataclass(frozen=True)
+class Collected:
+    solution: str
+    report: Path | None  # None when the solution cannot run here
+    log: Path | None
+    workloads: int
+    skipped: tuple[tuple[str, str], ...]  # (workload or solution, why)
+
+
+def collect(selection: Selection, out_dir: Path, ncu_set: str = "roofline", seed: int = 0,
+            progress=lambda msg: None) -> list[Collected]:
+    """Profile every planned solution in its own ncu child process; one report per solution."""
+    ncu = find_ncu()
+    targets = plan(selection)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    results = []
+    for t in targets:
+        name = t.solution.name
+        ok, why = t.solution.availability()
+        if not ok:
+            results.append(Collected(name, None, None, len(t.workloads), ((name, why),)))
+            continue
+        report, log = out_dir / f"{name}.ncu-rep", out_dir / f"{name}.ncu.log"
+        progress(f"profiling {name} on {len(t.workloads)} workloads (ncu log: {log})")
+        cmd = ncu_command(ncu, report, worker_command(Selection(**{**vars(selection), "solution": name}), seed),
+                          ncu_set)
+        with open(log, "w") as f:
+            f.write(" ".join(cmd) + "\n")
+            f.flush()
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        text = log.read_text()
+        check_output(rc, text, log)
+        results.append(Collected(name, report, log, len(t.workloads),
+                                 tuple(_SKIP_RE.findall(text))))
+    return results

@@ -1,0 +1,400 @@
+"""Sparse MLA decode attention in Triton: every variant, split-KV, exact combine.
+
+Contract (dsactl/definitions/attention.py, DESIGN.md sections 1-3), per query token t:
+- q_nope [T, H, 512] bf16, q_pe [T, H, 64] bf16 (last dim contiguous; token/head strides free,
+  so q may be a view of one [T, H, 576] tensor); H in {16, 32, 64, 128}.
+- KV, one latent head shared by all query heads, either bf16 ckv [*, 512] and kpe [*, 64]
+  (one row per token id, token stride free, last dim contiguous) or the FP8 cache: 656
+  contiguous bytes per token (512 e4m3, 4 fp32 scales one per 128 values, 64 bf16 rope).
+- sparse_indices [T, topk] int32: physical token ids, -1 = padding anywhere; duplicates count
+  twice (as in the reference); topk_length[t] (optional) keeps only the first entries.
+- output [T, H, 512] bf16 = softmax(sm_scale * (q_nope.ckv + q_pe.kpe)) . ckv over the valid
+  ids; lse [T, H] fp32 in base 2 or e; an empty row gives output 0 and lse -inf; the optional
+  sink scales the output by 1 / (1 + exp(sink[h] - lse_e)) and leaves lse untouched.
+
+Work split: a program owns BLOCK_H heads of one token and one split of its index row.
+Split s of S takes the row positions s, s + S, s + 2S, ... (strided, so a row whose valid
+ids sit at the front still spreads them over every split) in tiles of BLOCK_N. With one
+split the program writes the final output; otherwise it writes fp32 partials (unnormalized
+output, running max, running sum) and a second launch combines them exactly. No program
+ever waits for another.
+
+Numerics: online softmax in the log2 domain (logits pre-multiplied by sm_scale * log2 e);
+every exponent is taken against a finite reference, so a row or split with no valid id
+yields p = 0, sum = 0 and never (-inf) - (-inf).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from dsactl.errors import DsactlError
+from dsactl.fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET, MLA_TOKEN_BYTES
+
+# The interpreter computes bf16 tl.dot wrongly (DESIGN.md section 5): upcast to fp32 there.
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+
+HEADS = (16, 32, 64, 128)
+# The split formula's SM count when the tensors are not on a GPU (interpreter): the H200's.
+H200_NUM_SMS = 132
+# Rows of the combine tile: the most splits a launch may use. 32 splits of topk 2048 leave
+# each split 64 tokens, one full tile; more would spend more on the combine than they save.
+MAX_SPLITS = 32
+# Columns of output one combine program reduces: MAX_SPLITS x COMBINE_BLOCK_D fp32 is
+# 16 KB, which 4 warps hold in registers.
+COMBINE_BLOCK_D = 128
+COMBINE_WARPS = 4
+
+_LOG2E = tl.constexpr(1.4426950408889634)
+_D_CKV = tl.constexpr(MLA_CKV_DIM)
+_D_KPE = tl.constexpr(MLA_KPE_DIM)
+_TOKEN_BYTES = tl.constexpr(MLA_TOKEN_BYTES)
+_NUM_SCALES = tl.constexpr(MLA_NUM_SCALES)
+_SCALE_GROUP = tl.constexpr(MLA_SCALE_GROUP)
+# The FP8 token viewed as 4-byte words (its scales) and 2-byte words (its rope values).
+_TOKEN_WORDS32 = tl.constexpr(MLA_TOKEN_BYTES // 4)
+_SCALE_WORD32 = tl.constexpr(MLA_SCALE_OFFSET // 4)
+_TOKEN_WORDS16 = tl.constexpr(MLA_TOKEN_BYTES // 2)
+_KPE_WORD16 = tl.constexpr(MLA_KPE_OFFSET // 2)
+
+
+@triton.jit
+def _finalize(acc, m, l, sink_ptr, heads, has_sink, lse_scale):
+    """(unnormalized output [R, 512], max [R], sum [R]) of R rows -> (output, lse)."""
+    empty = l == 0.0
+    l_safe = tl.where(empty, 1.0, l)
+    lse2 = tl.where(empty, float("-inf"), m + tl.log2(l_safe))
+    out = acc / l_safe[:, None]
+    if has_sink:
+        # 1 / (1 + exp(sink - lse_e)) in base 2; an empty row gets 1 / (1 + inf) = 0 on an output of 0.
+        sink = tl.load(sink_ptr + heads)
+        out = out / (1.0 + tl.exp2(sink * _LOG2E - lse2))[:, None]
+    return out, lse2 * lse_scale
+
+
+@triton.jit
+def _gather_fp8(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, d, r):
+    """Raw bytes of one tile of FP8 tokens: (valid, e4m3 [N, 512], scales [N, 4], rope bf16 [N, 64])."""
+    j = start + offs_n
+    idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
+    valid = idx >= 0
+    tok = idx.to(tl.int64)  # token ids times 656 bytes overflow int32 on large caches
+    fp8 = tl.load(kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + tok[:, None] * _TOKEN_BYTES + d[None, :],
+                  mask=valid[:, None], other=0.0)
+    g = tl.arange(0, _NUM_SCALES)
+    scales = tl.load(kv_ptr.to(tl.pointer_type(tl.float32)) + tok[:, None] * _TOKEN_WORDS32 + _SCALE_WORD32
+                     + g[None, :], mask=valid[:, None], other=0.0)
+    kpe = tl.load(kv_ptr.to(tl.pointer_type(tl.bfloat16)) + tok[:, None] * _TOKEN_WORDS16 + _KPE_WORD16
+                  + r[None, :], mask=valid[:, None], other=0.0)
+    return valid, fp8, scales, kpe
+
+
+@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
+def _sparse_mla_split_kernel(
+    q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, indices_ptr, topk_length_ptr, sink_ptr,
+    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_ckv, stride_kpe, stride_idx_t,
+    stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8KV: tl.constexpr,
+    FP8_PREFETCH: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
+    tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
+    tl.static_assert(_D_CKV % _SCALE_GROUP == 0 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
+                     "every ckv value has exactly one FP8 scale")
+    tl.static_assert(_TOKEN_BYTES % 16 == 0, "FP8 tokens start 16-byte aligned")
+    tl.static_assert(FP8KV or not FP8_PREFETCH, "only the FP8 path prefetches by hand")
+
+    group = tl.program_id(0)  # fastest: the head groups of one (token, split) share gathered rows in L2
+    split = tl.program_id(1)
+    t = tl.program_id(2)
+
+    heads = group * BLOCK_H + tl.arange(0, BLOCK_H)
+    d = tl.arange(0, _D_CKV)
+    r = tl.arange(0, _D_KPE)
+    # The interpreter also rounds fp32 -> bf16 toward zero, so its dot operands stay fp32 throughout.
+    dot_dtype: tl.constexpr = tl.float32 if UPCAST_DOT else tl.bfloat16
+    q_nope = tl.load(q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + d[None, :]).to(dot_dtype)
+    q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + r[None, :]).to(dot_dtype)
+
+    n_valid = topk
+    if has_topk_length:
+        n_valid = tl.maximum(tl.minimum(tl.load(topk_length_ptr + t), topk), 0)
+    # Positions split, split + S, ... below n_valid; n_valid - split + S - 1 >= 0 as split < S.
+    n_mine = (n_valid - split + num_splits - 1) // num_splits
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc = tl.zeros([BLOCK_H, _D_CKV], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    row_ptr = indices_ptr + t * stride_idx_t + split
+    if FP8_PREFETCH:
+        # With mma.sync tiles (under 64 heads) Triton's pipeliner does not prefetch a load that
+        # reaches tl.dot through a dequantization, so the next tile's bytes are loaded into
+        # registers by hand while this one computes (with wgmma tiles it pipelines them itself).
+        valid_next, fp8_next, scales_next, kpe_next = _gather_fp8(ckv_ptr, row_ptr, 0, n_mine, num_splits,
+                                                                  offs_n, d, r)
+    for start in range(0, n_mine, BLOCK_N):
+        if FP8KV:
+            if FP8_PREFETCH:
+                valid, fp8, scales, kpe = valid_next, fp8_next, scales_next, kpe_next
+                valid_next, fp8_next, scales_next, kpe_next = _gather_fp8(ckv_ptr, row_ptr, start + BLOCK_N, n_mine,
+                                                                          num_splits, offs_n, d, r)
+            else:
+                valid, fp8, scales, kpe = _gather_fp8(ckv_ptr, row_ptr, start, n_mine, num_splits, offs_n, d, r)
+            kv = tl.reshape(fp8.to(tl.float32), [BLOCK_N, _NUM_SCALES, _SCALE_GROUP]) * scales[:, :, None]
+            kv = tl.reshape(kv, [BLOCK_N, _D_CKV])
+        else:
+            j = start + offs_n
+            idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
+            valid = idx >= 0
+            tok = idx.to(tl.int64)  # token ids times a row size overflow int32 on large caches
+            kv = tl.load(ckv_ptr + tok[:, None] * stride_ckv + d[None, :], mask=valid[:, None], other=0.0)
+            kpe = tl.load(kpe_ptr + tok[:, None] * stride_kpe + r[None, :], mask=valid[:, None], other=0.0)
+        kv = kv.to(dot_dtype)
+        kpe = kpe.to(dot_dtype)
+        s = tl.dot(q_nope, tl.trans(kv))
+        s = tl.dot(q_pe, tl.trans(kpe), s)
+        s = tl.where(valid[None, :], s * sm_scale_log2, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # finite: exp2(-inf - m_ref) = 0, never NaN
+        alpha = tl.exp2(m_i - m_ref)
+        p = tl.exp2(s - m_ref[:, None])
+        l_i = l_i * alpha + tl.sum(p, 1)
+        acc = tl.dot(p.to(dot_dtype), kv, acc * alpha[:, None])
+        m_i = m_new
+
+    if num_splits == 1:
+        out, lse = _finalize(acc, m_i, l_i, sink_ptr, heads, has_sink, lse_scale)
+        tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + d[None, :], out.to(tl.bfloat16))
+        tl.store(lse_ptr + t * stride_lse_t + heads * stride_lse_h, lse)
+    else:
+        part = (t * num_splits + split) * HEADS + heads
+        tl.store(part_acc_ptr + part[:, None].to(tl.int64) * _D_CKV + d[None, :], acc)
+        tl.store(part_m_ptr + part, m_i)
+        tl.store(part_l_ptr + part, l_i)
+
+
+@triton.jit(do_not_specialize=["num_splits", "has_sink"])
+def _sparse_mla_combine_kernel(
+    part_acc_ptr, part_m_ptr, part_l_ptr, sink_ptr, out_ptr, lse_ptr,
+    lse_scale, num_heads, num_splits, has_sink, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+    MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+):
+    tl.static_assert(_D_CKV % BLOCK_D == 0, "the column blocks tile the output row exactly")
+    chunk = tl.program_id(0)
+    h = tl.program_id(1)
+    t = tl.program_id(2)
+    s = tl.arange(0, MAX_SPLITS)
+    in_use = s < num_splits
+    part = (t * num_splits + s) * num_heads + h
+    m = tl.load(part_m_ptr + part, mask=in_use, other=float("-inf"))[:, None]  # [MAX_SPLITS, 1]
+    l = tl.load(part_l_ptr + part, mask=in_use, other=0.0)[:, None]
+    m_all = tl.max(m, 0)  # [1]
+    w = tl.exp2(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])  # empty splits weigh 0
+    d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
+    acc = tl.load(part_acc_ptr + part[:, None].to(tl.int64) * _D_CKV + d[None, :], mask=in_use[:, None], other=0.0)
+    heads = h + tl.zeros([1], tl.int32)
+    out, lse = _finalize(tl.sum(w * acc, 0)[None, :], m_all, tl.sum(w * l, 0), sink_ptr, heads, has_sink, lse_scale)
+    tl.store(out_ptr + t * stride_out_t + h * stride_out_h + d[None, :], out.to(tl.bfloat16))
+    if chunk == 0:
+        tl.store(lse_ptr + t * stride_lse_t + heads * stride_lse_h, lse)
+
+
+@dataclass(frozen=True)
+class Config:
+    block_h: int  # heads per program
+    block_n: int  # gathered tokens per step
+    num_warps: int
+    num_stages: int
+    fp8_prefetch: bool = False  # FP8 path: double-buffer the next tile in registers by hand
+
+
+def config(heads: int, fp8kv: bool) -> Config:
+    """Tile configuration per head count (register and shared-memory use checked with
+    cuobjdump on sm_90a builds: no spills). 64 heads x 64 tokens with 8 warps is the shape
+    that reached 257 TFLOPS on the H200 (DESIGN.md), and the only one where Triton issues
+    wgmma. Fewer heads keep the whole head axis in one program, as every extra head group
+    re-gathers the same KV rows; their FP8 tiles are 32 tokens so that the hand-prefetched
+    next tile fits in registers."""
+    if heads >= 64:
+        return Config(block_h=64, block_n=64, num_warps=8, num_stages=2)
+    if fp8kv:
+        return Config(block_h=heads, block_n=32, num_warps=8, num_stages=2, fp8_prefetch=True)
+    return Config(block_h=heads, block_n=64, num_warps=8, num_stages=2)
+
+
+# Per-program cost beyond its tiles (loading q, writing the partial), in tiles, for the split choice.
+PROGRAM_OVERHEAD_TILES = 1
+
+
+@functools.lru_cache(maxsize=None)
+def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms: int) -> int:
+    """Splits per (token, head group), so that the grid fills the SMs: the count that minimizes
+    the busiest SM's work, waves x (tiles per split + PROGRAM_OVERHEAD_TILES), where
+    waves = ceil(tokens x head groups x splits / SMs), one program per SM at a time (the
+    large configurations fill an SM's shared memory); ties go to fewer splits (less combine).
+    Contest T=8 at 16 heads: 16 splits, 128 programs of 2 tiles; 128 heads at T=128: 1 split."""
+    tiles = triton.cdiv(topk, cfg.block_n)
+    programs = num_tokens * (heads // cfg.block_h)
+    return min(range(1, min(tiles, MAX_SPLITS) + 1),
+               key=lambda s: (triton.cdiv(programs * s, num_sms) * (triton.cdiv(tiles, s) + PROGRAM_OVERHEAD_TILES), s))
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return H200_NUM_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+_WORKSPACE: dict[torch.device, torch.Tensor] = {}
+
+
+def _workspace(device: torch.device, numel: int) -> torch.Tensor:
+    """One grow-only fp32 buffer per device for the split partials: no allocation per call."""
+    buf = _WORKSPACE.get(device)
+    if buf is None or buf.numel() < numel:
+        buf = torch.empty(numel, dtype=torch.float32, device=device)
+        _WORKSPACE[device] = buf
+    return buf
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise DsactlError(f"sparse MLA attention: {message}")
+
+
+def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple, device: torch.device) -> None:
+    _check(isinstance(t, torch.Tensor), f"{name} must be a tensor")
+    _check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
+    _check(t.device == device, f"{name} is on {t.device}, q_nope on {device}")
+    _check(t.dim() == len(shape) and all(s is None or s == n for s, n in zip(shape, t.shape)),
+           f"{name} has shape {list(t.shape)}, expected {['*' if s is None else s for s in shape]}")
+    _check(t.dim() == 0 or t.stride(-1) == 1, f"{name} must have a contiguous last dimension")
+
+
+def sparse_mla_attention(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, sparse_indices: torch.Tensor, sm_scale: float,
+    output: torch.Tensor, lse: torch.Tensor, *, ckv_cache: torch.Tensor | None = None,
+    kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
+    lse_base_e: bool = False, num_splits: int | None = None,
+) -> None:
+    """Write output and lse in place. Exactly one KV form: ckv_cache + kpe_cache (bf16) or
+    kv_cache (FP8 656-byte tokens). num_splits overrides the split formula (tests, tuning)."""
+    device = q_nope.device
+    _check(q_nope.dim() == 3, f"q_nope must be [T, H, 512], got {list(q_nope.shape)}")
+    num_tokens, heads, _ = q_nope.shape
+    _check(heads in HEADS, f"heads must be one of {HEADS}, got {heads}")
+    _check_tensor("q_nope", q_nope, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device)
+    _check_tensor("q_pe", q_pe, torch.bfloat16, (num_tokens, heads, MLA_KPE_DIM), device)
+    _check(sparse_indices.dim() == 2, f"sparse_indices must be [T, topk], got {list(sparse_indices.shape)}")
+    topk = sparse_indices.shape[1]
+    _check(topk > 0, "topk must be positive")
+    _check_tensor("sparse_indices", sparse_indices, torch.int32, (num_tokens, topk), device)
+    _check_tensor("output", output, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device)
+    _check_tensor("lse", lse, torch.float32, (num_tokens, heads), device)
+    fp8kv = kv_cache is not None
+    _check(fp8kv != (ckv_cache is not None or kpe_cache is not None),
+           "pass either kv_cache (FP8) or ckv_cache and kpe_cache (bf16)")
+    if fp8kv:
+        _check_tensor("kv_cache", kv_cache, torch.int8, (None, None, MLA_TOKEN_BYTES), device)
+        _check(kv_cache.is_contiguous(), "kv_cache must be contiguous (656 bytes per token)")
+        ckv_arg, kpe_arg, stride_ckv, stride_kpe = kv_cache, kv_cache, MLA_TOKEN_BYTES, MLA_TOKEN_BYTES
+    else:
+        _check(ckv_cache is not None and kpe_cache is not None, "the bf16 form needs both ckv_cache and kpe_cache")
+        _check_tensor("ckv_cache", ckv_cache, torch.bfloat16, (None, None, MLA_CKV_DIM), device)
+        _check_tensor("kpe_cache", kpe_cache, torch.bfloat16, (None, None, MLA_KPE_DIM), device)
+        for name, cache in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
+            _check(cache.stride(0) == cache.shape[1] * cache.stride(1),
+                   f"{name} pages must be evenly strided so token id page*64+offset is one row")
+        ckv_arg, kpe_arg, stride_ckv, stride_kpe = ckv_cache, kpe_cache, ckv_cache.stride(1), kpe_cache.stride(1)
+    if topk_length is not None:
+        _check_tensor("topk_length", topk_length, torch.int32, (num_tokens,), device)
+    if attn_sink is not None:
+        _check_tensor("attn_sink", attn_sink, torch.float32, (heads,), device)
+    if num_tokens == 0:
+        return
+
+    cfg = config(heads, fp8kv)
+    splits = num_splits or num_splits_for(num_tokens, heads, topk, cfg, _num_sms(device))
+    _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
+    lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
+    if splits == 1:
+        part_acc = part_m = part_l = lse  # unused: the program writes the final output
+    else:
+        rows = num_tokens * splits * heads
+        ws = _workspace(device, rows * (MLA_CKV_DIM + 2))
+        part_acc, part_m, part_l = ws[: rows * MLA_CKV_DIM], ws[rows * MLA_CKV_DIM:][:rows], ws[rows * (MLA_CKV_DIM + 1):][:rows]
+    # Absent optional inputs: a pointer of the same dtype that the kernel never reads.
+    topk_length_arg = topk_length if topk_length is not None else sparse_indices
+    sink_arg = attn_sink if attn_sink is not None else lse
+
+    _sparse_mla_split_kernel[(heads // cfg.block_h, splits, num_tokens)](
+        q_nope, q_pe, ckv_arg, kpe_arg, sparse_indices, topk_length_arg, sink_arg,
+        output, lse, part_acc, part_m, part_l,
+        float(sm_scale) * math.log2(math.e), lse_scale, topk, splits,
+        int(topk_length is not None), int(attn_sink is not None),
+        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
+        sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
+        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8KV=fp8kv,
+        FP8_PREFETCH=cfg.fp8_prefetch, UPCAST_DOT=INTERPRETING,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    if splits > 1:
+        _sparse_mla_combine_kernel[(MLA_CKV_DIM // COMBINE_BLOCK_D, heads, num_tokens)](
+            part_acc, part_m, part_l, sink_arg, output, lse,
+            lse_scale, heads, splits, int(attn_sink is not None),
+            output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
+            MAX_SPLITS=MAX_SPLITS, BLOCK_D=COMBINE_BLOCK_D, num_warps=COMBINE_WARPS,
+        )
+
+
+def aot_specs() -> list[dict]:
+    """Every configuration a launch can pick, for `dsactl build` to compile ahead of time."""
+    specs = []
+    for heads in HEADS:
+        for fp8kv in (False, True):
+            cfg = config(heads, fp8kv)
+            cache = "*i8" if fp8kv else "*bf16"
+            signature = {
+                "q_nope_ptr": "*bf16", "q_pe_ptr": "*bf16", "ckv_ptr": cache, "kpe_ptr": cache,
+                "indices_ptr": "*i32", "topk_length_ptr": "*i32", "sink_ptr": "*fp32",
+                "out_ptr": "*bf16", "lse_ptr": "*fp32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
+                "part_l_ptr": "*fp32", "sm_scale_log2": "fp32", "lse_scale": "fp32",
+                **{name: "i32" for name in (
+                    "topk", "num_splits", "has_topk_length", "has_sink", "stride_qn_t", "stride_qn_h",
+                    "stride_qp_t", "stride_qp_h", "stride_ckv", "stride_kpe", "stride_idx_t",
+                    "stride_out_t", "stride_out_h", "stride_lse_t", "stride_lse_h")},
+            }
+            constexprs = {"HEADS": heads, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "FP8KV": fp8kv,
+                          "FP8_PREFETCH": cfg.fp8_prefetch, "UPCAST_DOT": False}
+            specs.append({
+                "name": f"sparse_mla_split_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}",
+                "fn": _sparse_mla_split_kernel,
+                "signature": {**signature, **{k: "constexpr" for k in constexprs}},
+                "constexprs": constexprs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+            })
+    combine_constexprs = {"MAX_SPLITS": MAX_SPLITS, "BLOCK_D": COMBINE_BLOCK_D}
+    specs.append({
+        "name": "sparse_mla_combine",
+        "fn": _sparse_mla_combine_kernel,
+        "signature": {
+            "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "sink_ptr": "*fp32",
+            "out_ptr": "*bf16", "lse_ptr": "*fp32", "lse_scale": "fp32",
+            **{name: "i32" for name in ("num_heads", "num_splits", "has_sink", "stride_out_t", "stride_out_h",
+                                        "stride_lse_t", "stride_lse_h")},
+            **{k: "constexpr" for k in combine_constexprs},
+        },
+        "constexprs": combine_constexprs, "num_warps": COMBINE_WARPS, "num_stages": 1,
+    })
+    return specs

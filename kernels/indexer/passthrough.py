@@ -1,0 +1,59 @@
+"""Structural top-k of the indexer for requests that fit in top-k (Triton).
+
+When a row sees at most topk tokens, the top-k keeps all of them whatever their scores, so
+the output is the page-table mapping of its visible positions and no key is read:
+
+  out[b * N + j, i] = block_table[b, i // 64] * 64 + i % 64   for i < visible = seq_len[b] - N + j + 1
+  out[b * N + j, i] = -1                                       for visible <= i < topk
+
+Contract: seq_lens int32 [B]; block_table int32 [B, max_num_pages] (entries past a row's pages
+are never read, they may be -1 or garbage); out int32 [B * N, topk] contiguous. The caller
+guarantees max_num_pages * 64 <= topk (every row fits) — the launcher checks it from shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from dsactl.errors import DsactlError
+from dsactl.fp8 import PAGE_SIZE
+
+# Output slots per program: 2048-wide rows take two programs, so B * N * 2 programs cover
+# the contest's batches of 1-31 in one wave on 132 SMs.
+BLOCK = 1024
+
+
+@triton.jit
+def indexer_passthrough_kernel(seq_lens_ptr, block_table_ptr, out_ptr, bt_stride,
+                               NEXT_N: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
+                               PAGE: tl.constexpr):
+    row = tl.program_id(0)
+    b = row // NEXT_N
+    visible = tl.load(seq_lens_ptr + b) - NEXT_N + 1 + row % NEXT_N
+    i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+    live = i < visible
+    page = tl.load(block_table_ptr + b * bt_stride + i // PAGE, mask=live, other=0)
+    tl.store(out_ptr + row.to(tl.int64) * TOPK + i, tl.where(live, page * PAGE + i % PAGE, -1), mask=i < TOPK)
+
+
+def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, next_n: int) -> None:
+    """Write the structural top-k of every row (module docstring); one launch, no host sync."""
+    if out.dtype != torch.int32 or out.dim() != 2 or not out.is_contiguous():
+        raise DsactlError(f"passthrough output must be contiguous int32 [rows, topk], got {out.dtype} {list(out.shape)}")
+    rows, topk = out.shape
+    batch = seq_lens.shape[0]
+    if rows != batch * next_n:
+        raise DsactlError(f"passthrough output has {rows} rows, expected {batch} x next_n {next_n}")
+    if block_table.shape[1] * PAGE_SIZE > topk:
+        raise DsactlError(f"passthrough needs max_num_pages * {PAGE_SIZE} <= topk, got "
+                          f"{block_table.shape[1]} pages for topk {topk}")
+    if block_table.stride(1) != 1:
+        raise DsactlError("block_table must have unit column stride")
+    if rows == 0:
+        return
+    indexer_passthrough_kernel[(rows, triton.cdiv(topk, BLOCK))](
+        seq_lens, block_table, out, block_table.stride(0),
+        NEXT_N=next_n, TOPK=topk, BLOCK=BLOCK, PAGE=PAGE_SIZE, num_warps=4,
+    )

@@ -1,0 +1,295 @@
+"""FP8 paged scoring kernel of the lightning indexer (Triton).
+
+Contract (B requests, N = next_n query tokens per request, H heads, S = max_num_pages * 64):
+  q        float8_e4m3fn [B, N, H, 128] contiguous ([B, H, 128] when N = 1)
+  cache    int8 [num_pages, 64, 1, 132]: per 8448-byte page, 64 x 128 e4m3 key bytes, then
+           64 fp32 per-token scales (dsactl.fp8). Read in place through the block table.
+  weights  float32 [B, N, H] contiguous (q scale and softmax scale already folded in)
+  seq_lens int32 [B]; block_table int32 [B, max_num_pages] (entries past a row's pages may be garbage)
+  scores   float32 [B * N, >= S], unit column stride           (written)
+  lengths  int32 [B * N]                                        (written)
+
+Row r = b * N + j is query token j of request b; it sees visible = seq_len - N + j + 1 tokens and
+  scores[r, s] = scale[s] * sum_h w[b, j, h] * relu(q[b, j, h] . k8[s])   for s < visible,
+  scores[r, s] = -inf                                                   for visible <= s < seq_len,
+and lengths[r] = max(visible, 0). Positions >= seq_len are not written: the top-k reads only the
+first lengths[r] scores of a row. The per-token scale is positive, so it factors out of the ReLU
+and is applied once after the head sum.
+
+Requests with seq_len <= skip_len are not scored at all (lengths are still written): with
+skip_len = topk, their top-k keeps every visible token whatever the scores, so the top-k stage
+maps them structurally and reading their keys would be wasted traffic.
+
+Score dtype: float32. The reference ranks float32 scores; bf16 scores would halve the top-k's
+read (4 -> 2 bytes per token, against the 132 bytes per token this kernel reads) but round
+scores within 2^-8 of each other to the same value, so the selected set near the k-th score
+would differ from the reference's more often, for ~3% less traffic overall.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+import torch
+import triton
+import triton.language as tl
+
+from dsactl.errors import DsactlError
+from dsactl.fp8 import INDEX_HEAD_DIM, INDEX_PAGE_BYTES, INDEX_SCALE_OFFSET, PAGE_SIZE
+
+HEADS = (32, 64)
+MAX_NEXT_N = 4
+
+
+@triton.jit
+def _load_keys(k_ptr, scale_ptr, page, tok, end, PAGE: tl.constexpr, DIM: tl.constexpr,
+               PAGE_BYTES: tl.constexpr, SCALE_OFFSET: tl.constexpr):
+    """Keys [len(tok), DIM] (e4m3) and scales [len(tok)] of tokens tok, in pages `page`; tokens
+    at or past `end` are not read (their block-table entries may not be page ids)."""
+    live = tok < end
+    page = page.to(tl.int64)  # num_pages * 8448 may exceed 2^31
+    slot = tok % PAGE
+    d = tl.arange(0, DIM)
+    k = tl.load(k_ptr + (page * PAGE_BYTES + slot * DIM)[:, None] + d[None, :], mask=live[:, None], other=0.0)
+    scale = tl.load(scale_ptr + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + slot, mask=live, other=0.0)
+    return k, scale
+
+
+@triton.jit
+def indexer_score_kernel(
+    q_ptr,  # *fp8e4nv [B, NEXT_N, HEADS, 128]
+    k_ptr,  # *fp8e4nv: the cache's bytes
+    scale_ptr,  # *fp32: the same bytes as fp32 words
+    w_ptr,  # *fp32 [B, NEXT_N, HEADS]
+    seq_lens_ptr,  # *i32 [B]
+    block_table_ptr,  # *i32 [B, bt_stride]
+    scores_ptr,  # *fp32 [B * NEXT_N, scores_stride]
+    lengths_ptr,  # *i32 [B * NEXT_N]
+    bt_stride,
+    scores_stride,
+    tokens_per_program,  # a multiple of BLOCK_N
+    skip_len,
+    HEADS: tl.constexpr,
+    NEXT_N: tl.constexpr,
+    NQ: tl.constexpr,  # NEXT_N rounded up to a power of two (tl.arange sizes)
+    BLOCK_N: tl.constexpr,  # tokens per step, whole pages
+    PAGE: tl.constexpr,
+    DIM: tl.constexpr,
+    PAGE_BYTES: tl.constexpr,
+    SCALE_OFFSET: tl.constexpr,
+):
+    tl.static_assert(BLOCK_N % PAGE == 0, "a step covers whole pages")
+    tl.static_assert(PAGE_BYTES % 4 == 0 and SCALE_OFFSET % 4 == 0, "scales are fp32-aligned in the page")
+    tl.static_assert(NQ >= NEXT_N, "NQ pads NEXT_N")
+    b = tl.program_id(0)
+    split = tl.program_id(1)
+    seq_len = tl.load(seq_lens_ptr + b)
+    j = tl.arange(0, NQ)
+    visible = seq_len - NEXT_N + 1 + j  # [NQ]
+    rows = b * NEXT_N + j
+    real_j = j < NEXT_N
+    if split == 0:
+        tl.store(lengths_ptr + rows, tl.maximum(visible, 0), mask=real_j)
+
+    start = split * tokens_per_program
+    end = tl.minimum(start + tokens_per_program, seq_len)
+    end = tl.where(seq_len <= skip_len, start, end)
+
+    # All NEXT_N query tokens of the request as one [NQ * HEADS, 128] operand: each key tile
+    # is read once and multiplied by every query row (padding rows are zero, weight zero).
+    qh = tl.arange(0, NQ * HEADS)
+    d = tl.arange(0, DIM)
+    real_qh = qh < NEXT_N * HEADS
+    q = tl.load(q_ptr + (b * NEXT_N * HEADS + qh)[:, None] * DIM + d[None, :], mask=real_qh[:, None], other=0.0)
+    w = tl.load(w_ptr + b * NEXT_N * HEADS + qh, mask=real_qh, other=0.0)
+    qt = tl.trans(q)  # [128, NQ * HEADS]: keys are the M side, so the head sum stays inside a thread's row
+
+    # Software pipeline by hand: while step i computes, the keys and scales of step i+1 and the
+    # page ids of step i+2 are in flight (plain loads, waited at first use). Triton's own
+    # pipeliner, given key addresses that come from a block-table load, waits for every
+    # outstanding copy at the top of each iteration and leaves the scale load synchronous: one
+    # DRAM round trip per step (measured 1.5x slower on the H200 at 64 x 131072).
+    bt_row = block_table_ptr + b * bt_stride
+    tok = start + tl.arange(0, BLOCK_N)
+    page = tl.load(bt_row + tok // PAGE, mask=tok < end, other=0)
+    k_next, scale_next = _load_keys(k_ptr, scale_ptr, page, tok, end, PAGE, DIM, PAGE_BYTES, SCALE_OFFSET)
+    page_next = tl.load(bt_row + (tok + BLOCK_N) // PAGE, mask=tok + BLOCK_N < end, other=0)
+    for tok0 in range(start, end, BLOCK_N):
+        tok = tok0 + tl.arange(0, BLOCK_N)
+        k = k_next
+        scale = scale_next
+        k_next, scale_next = _load_keys(k_ptr, scale_ptr, page_next, tok + BLOCK_N, end,
+                                        PAGE, DIM, PAGE_BYTES, SCALE_OFFSET)
+        page_next = tl.load(bt_row + (tok + 2 * BLOCK_N) // PAGE, mask=tok + 2 * BLOCK_N < end, other=0)
+
+        logits = tl.dot(k, qt)  # [BLOCK_N, NQ * HEADS] fp32
+        weighted = tl.maximum(logits, 0.0) * w[None, :]
+        per_query = tl.sum(tl.reshape(weighted, (BLOCK_N, NQ, HEADS)), axis=2) * scale[:, None]  # [BLOCK_N, NQ]
+        per_query = tl.where(tok[:, None] < visible[None, :], per_query, float("-inf"))
+        tl.store(scores_ptr + rows[None, :].to(tl.int64) * scores_stride + tok[:, None], per_query,
+                 mask=(tok < end)[:, None] & real_j[None, :])
+
+
+# ---------------------------------------------------------------------------------------------
+# Launch configuration
+# ---------------------------------------------------------------------------------------------
+
+H200_SMS = 132  # used when no GPU is present (interpreter, AOT builds)
+# Keys per step: one page. Each program keeps the next step's keys in registers while it
+# computes (hand pipeline above), so registers bound the bytes in flight per SM: one page
+# per step needs 112 registers at 4 warps (4 programs per SM, 4 x 8.4 KB in flight), where
+# two pages need 188 (2 programs per SM, the same bytes in flight, more work per barrier).
+KEYS_PER_STEP = PAGE_SIZE
+# Programs per SM that the split targets: the resident count at 112 registers (4 x 128
+# threads), so small batches of long rows fill every SM in one wave.
+PROGRAMS_PER_SM = 4
+# Fewest steps per program: a program's prologue loads (q, weights, the first page) are
+# amortized over at least this many pages.
+MIN_STEPS_PER_PROGRAM = 2
+# Accumulator budget per thread: BLOCK_N * NQ * HEADS fp32 values over 32 * num_warps threads.
+# Above 64 values per thread the epilogue's reductions spill at 4 warps.
+ACC_PER_THREAD = 64
+
+
+@dataclass(frozen=True)
+class ScoreConfig:
+    block_n: int  # keys per step, whole pages
+    num_warps: int
+    num_stages: int  # 1: the kernel pipelines its loads itself
+    tokens_per_program: int  # a multiple of block_n
+    splits: int  # programs per request
+
+
+def _nq(next_n: int) -> int:
+    """Query tokens padded to a power of two (tl.arange sizes); next_n = 3 computes a zero row."""
+    return triton.next_power_of_2(next_n)
+
+
+def choose_config(batch: int, next_n: int, heads: int, max_len: int, num_sms: int = H200_SMS,
+                  block_n: int = KEYS_PER_STEP, programs_per_sm: int = PROGRAMS_PER_SM) -> ScoreConfig:
+    """One launch configuration per shape.
+
+    Tiles: block_n keys per step (the wgmma M side) against all NQ * heads query rows (the N
+    side), so the head sum is a per-thread row reduction. The accumulator is block_n x NQ*heads
+    fp32; wider q (MTP: NQ * heads up to 256) takes 8 warps, then smaller steps, to keep it at
+    ACC_PER_THREAD values per thread. num_stages = 1: Triton's pipeliner would add its own
+    copies with a wait-for-all per step (see the kernel).
+
+    Split: each request's tokens are cut into `splits` equal chunks so that batch * splits fills
+    programs_per_sm programs on every SM in one wave (small batches of long rows), with at
+    least MIN_STEPS_PER_PROGRAM steps per program. The split is static (from max_len, known on
+    the host): no device sync; a request shorter than max_len leaves some programs idle.
+    """
+    width = _nq(next_n) * heads
+    num_warps = 4
+    while block_n * width // (32 * num_warps) > ACC_PER_THREAD and num_warps < 8:
+        num_warps *= 2
+    while block_n * width // (32 * num_warps) > ACC_PER_THREAD and block_n > PAGE_SIZE:
+        block_n //= 2
+    steps = triton.cdiv(max_len, block_n)
+    splits = max(1, min(num_sms * programs_per_sm // max(batch, 1), steps // MIN_STEPS_PER_PROGRAM))
+    steps_per_program = triton.cdiv(steps, splits)
+    splits = triton.cdiv(steps, steps_per_program)
+    return ScoreConfig(block_n, num_warps, 1, steps_per_program * block_n, splits)
+
+
+@lru_cache(maxsize=None)
+def _num_sms(device: torch.device) -> int:
+    if device.type != "cuda":
+        return H200_SMS
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def query_shape(q: torch.Tensor) -> tuple[int, int, int]:
+    """(batch, next_n, heads) of q [B, H, 128] or [B, N, H, 128]."""
+    if q.dim() == 3:
+        return q.shape[0], 1, q.shape[1]
+    if q.dim() == 4:
+        return q.shape[0], q.shape[1], q.shape[2]
+    raise DsactlError(f"indexer q must be [B, H, 128] or [B, next_n, H, 128], got {list(q.shape)}")
+
+
+def _check(q, cache, weights, seq_lens, block_table, scores, lengths) -> tuple[int, int, int]:
+    batch, next_n, heads = query_shape(q)
+    if q.dtype != torch.float8_e4m3fn or q.shape[-1] != INDEX_HEAD_DIM or not q.is_contiguous():
+        raise DsactlError(f"indexer q must be contiguous float8_e4m3fn [..., {INDEX_HEAD_DIM}], "
+                          f"got {q.dtype} {list(q.shape)}")
+    if heads not in HEADS:
+        raise DsactlError(f"indexer heads must be one of {HEADS}, got {heads}")
+    if not 1 <= next_n <= MAX_NEXT_N:
+        raise DsactlError(f"indexer next_n must be 1..{MAX_NEXT_N}, got {next_n}")
+    if cache.dtype != torch.int8 or cache.dim() != 4 or cache.shape[1:] != (PAGE_SIZE, 1, INDEX_PAGE_BYTES // PAGE_SIZE) \
+            or not cache.is_contiguous():
+        raise DsactlError(f"indexer k cache must be contiguous int8 [num_pages, {PAGE_SIZE}, 1, "
+                          f"{INDEX_PAGE_BYTES // PAGE_SIZE}], got {cache.dtype} {list(cache.shape)}")
+    if weights.dtype != torch.float32 or weights.numel() != batch * next_n * heads or not weights.is_contiguous():
+        raise DsactlError(f"indexer weights must be contiguous float32 with {batch}x{next_n}x{heads} values, "
+                          f"got {weights.dtype} {list(weights.shape)}")
+    if seq_lens.dtype != torch.int32 or seq_lens.shape != (batch,):
+        raise DsactlError(f"seq_lens must be int32 [{batch}], got {seq_lens.dtype} {list(seq_lens.shape)}")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch \
+            or block_table.stride(1) != 1:
+        raise DsactlError(f"block_table must be int32 [{batch}, max_num_pages] with unit column stride, "
+                          f"got {block_table.dtype} {list(block_table.shape)}")
+    max_len = block_table.shape[1] * PAGE_SIZE
+    if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[0] != batch * next_n \
+            or scores.shape[1] < max_len or scores.stride(1) != 1:
+        raise DsactlError(f"scores must be float32 [{batch * next_n}, >= {max_len}] with unit column stride, "
+                          f"got {scores.dtype} {list(scores.shape)}")
+    if lengths.dtype != torch.int32 or lengths.shape != (batch * next_n,):
+        raise DsactlError(f"lengths must be int32 [{batch * next_n}], got {lengths.dtype} {list(lengths.shape)}")
+    devices = {t.device for t in (q, cache, weights, seq_lens, block_table, scores, lengths)}
+    if len(devices) != 1:
+        raise DsactlError(f"indexer tensors must share one device, got {sorted(map(str, devices))}")
+    return batch, next_n, heads
+
+
+def score(q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor,
+          block_table: torch.Tensor, scores: torch.Tensor, lengths: torch.Tensor, skip_len: int = 0,
+          config: ScoreConfig | None = None) -> None:
+    """Write the indexer scores and per-row visible lengths (module docstring); one launch.
+    `config` overrides choose_config (for tuning sweeps)."""
+    batch, next_n, heads = _check(q, cache, weights, seq_lens, block_table, scores, lengths)
+    max_len = block_table.shape[1] * PAGE_SIZE
+    if batch == 0 or max_len == 0:
+        lengths.zero_()
+        return
+    cfg = config or choose_config(batch, next_n, heads, max_len, _num_sms(q.device))
+    if cfg.tokens_per_program % cfg.block_n or cfg.block_n % PAGE_SIZE \
+            or cfg.splits * cfg.tokens_per_program < max_len:
+        raise DsactlError(f"indexer score config {cfg} does not tile rows of {max_len} tokens")
+    indexer_score_kernel[(batch, cfg.splits)](
+        q, cache.view(torch.float8_e4m3fn), cache.view(torch.float32), weights, seq_lens, block_table,
+        scores, lengths, block_table.stride(0), scores.stride(0), cfg.tokens_per_program, skip_len,
+        HEADS=heads, NEXT_N=next_n, NQ=_nq(next_n), BLOCK_N=cfg.block_n, PAGE=PAGE_SIZE, DIM=INDEX_HEAD_DIM,
+        PAGE_BYTES=INDEX_PAGE_BYTES, SCALE_OFFSET=INDEX_SCALE_OFFSET,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+
+
+SIGNATURE = {
+    "q_ptr": "*fp8e4nv", "k_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "seq_lens_ptr": "*i32",
+    "block_table_ptr": "*i32", "scores_ptr": "*fp32", "lengths_ptr": "*i32", "bt_stride": "i32",
+    "scores_stride": "i32", "tokens_per_program": "i32", "skip_len": "i32",
+}
+
+
+def aot_specs() -> list[dict]:
+    """Every (heads, next_n) configuration choose_config can return, for `dsactl build`."""
+    specs = []
+    for heads in HEADS:
+        for next_n in range(1, MAX_NEXT_N + 1):
+            cfg = choose_config(1, next_n, heads, PAGE_SIZE)
+            constexprs = {"HEADS": heads, "NEXT_N": next_n, "NQ": _nq(next_n), "BLOCK_N": cfg.block_n,
+                          "PAGE": PAGE_SIZE, "DIM": INDEX_HEAD_DIM, "PAGE_BYTES": INDEX_PAGE_BYTES,
+                          "SCALE_OFFSET": INDEX_SCALE_OFFSET}
+            specs.append({
+                "name": f"indexer_score_h{heads}_nextn{next_n}",
+                "fn": indexer_score_kernel,
+                "signature": {**SIGNATURE, **{k: "constexpr" for k in constexprs}},
+                "constexprs": constexprs,
+                "num_warps": cfg.num_warps,
+                "num_stages": cfg.num_stages,
+            })
+    return specs

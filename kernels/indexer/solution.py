@@ -1,0 +1,75 @@
+"""dsa_topk_indexer: the complete lightning indexer (score + top-k + page translation).
+
+Entry point for every indexer definition (heads 32/64, topk 512/1024/2048, next_n 1-4),
+destination-passing style: dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens,
+block_table, topk_indices) writes topk_indices [B, topk] or [B, next_n, topk] (physical ids, -1
+padded, any order) and returns nothing.
+
+Two launches at most, no host sync:
+- every row fits in topk (max_num_pages * 64 <= topk, known from shapes on the host): the
+  structural mapping alone (passthrough.py), no key is read;
+- otherwise the scoring kernel (score.py) writes fp32 scores and each row's visible length
+  into a cached workspace, skipping requests whose rows all fit in topk, and the exact CUDA
+  top-k (dsactl.kernels.topk, library `topk` from `dsactl build`) selects and translates per
+  row; a row that fits keeps all its tokens, so its unwritten scores never decide anything.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsactl.errors import DsactlError
+from dsactl.fp8 import PAGE_SIZE
+from dsactl.kernels.indexer.passthrough import passthrough
+from dsactl.kernels.indexer.score import query_shape, score
+from dsactl.kernels.topk.launcher import topk_page_transform
+
+
+class _Workspace:
+    """Per-device buffers reused across calls: a call allocates nothing once the largest
+    shape has been seen (CUDA-graph capturable after one warm-up call)."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.scores = torch.empty(0, dtype=torch.float32, device=device)
+        self.lengths = torch.empty(0, dtype=torch.int32, device=device)
+        self.row_to_batch: dict[int, torch.Tensor] = {}  # next_n -> arange(rows) // next_n
+
+    def get(self, rows: int, max_len: int, next_n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.scores.numel() < rows * max_len:
+            self.scores = torch.empty(rows * max_len, dtype=torch.float32, device=self.device)
+        if self.lengths.numel() < rows:
+            self.lengths = torch.empty(rows, dtype=torch.int32, device=self.device)
+        r2b = self.row_to_batch.get(next_n)
+        if r2b is None or r2b.numel() < rows:
+            r2b = (torch.arange(rows, device=self.device, dtype=torch.int32) // next_n).contiguous()
+            self.row_to_batch[next_n] = r2b
+        return self.scores[: rows * max_len].view(rows, max_len), self.lengths[:rows], r2b[:rows]
+
+
+_WORKSPACES: dict[torch.device, _Workspace] = {}
+
+
+def _workspace(device: torch.device) -> _Workspace:
+    ws = _WORKSPACES.get(device)
+    if ws is None:
+        ws = _WORKSPACES[device] = _Workspace(device)
+    return ws
+
+
+def dsa_topk_indexer(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor, weights: torch.Tensor,
+                     seq_lens: torch.Tensor, block_table: torch.Tensor, topk_indices: torch.Tensor) -> None:
+    batch, next_n, _ = query_shape(q_index_fp8)
+    topk = topk_indices.shape[-1]
+    if topk_indices.dtype != torch.int32 or topk_indices.numel() != batch * next_n * topk \
+            or not topk_indices.is_contiguous():
+        raise DsactlError(f"topk_indices must be contiguous int32 [{batch}, {next_n}, topk], "
+                          f"got {topk_indices.dtype} {list(topk_indices.shape)}")
+    out = topk_indices.view(batch * next_n, topk)
+    max_len = block_table.shape[1] * PAGE_SIZE
+    if max_len <= topk:
+        passthrough(seq_lens, block_table, out, next_n)
+        return
+    scores, lengths, row_to_batch = _workspace(q_index_fp8.device).get(batch * next_n, max_len, next_n)
+    score(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, lengths, skip_len=topk)
+    topk_page_transform(scores, lengths, block_table, row_to_batch, out, topk)

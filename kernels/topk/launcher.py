@@ -1,0 +1,123 @@
+"""Python entry of the CUDA top-k (topk.cu): input checks, then one launch on the current stream.
+
+`topk_page_transform(scores, lengths, block_table, row_to_batch, out, topk)` writes
+out[r, :] = the physical ids block_table[b, i // 64] * 64 + i % 64 of the top
+min(topk, lengths[r]) positions i of scores[r, :lengths[r]] (b = row_to_batch[r], or r when
+row_to_batch is None), -1 padded, in no particular order. Exact for every input: ties at the
+threshold fill the remaining slots, NaN ranks below -inf (the definition's rule), -0.0 equals
++0.0. topk <= 2048 (the algorithm has no other limit on k; 2048 is the contract's maximum and
+what is tested).
+
+The kernel needs no global workspace (a row spread over several CTAs meets in a thread-block
+cluster's distributed shared memory), and the library caches the per-device facts it needs on
+its first call, so a call allocates nothing and never synchronizes: CUDA-graph capturable.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from functools import lru_cache
+
+import torch
+
+from dsactl.errors import DsactlError
+
+LIBRARY = "topk"
+MAX_TOPK = 2048
+_DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
+
+
+@lru_cache(maxsize=None)
+def _library() -> ctypes.CDLL:
+    from dsactl.build.runtime import load_library
+
+    lib = load_library(LIBRARY)
+    lib.dsa_topk_page_transform.restype = ctypes.c_int
+    lib.dsa_topk_page_transform.argtypes = [
+        ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,  # scores, dtype, row stride
+        ctypes.c_void_p,  # lengths
+        ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int,  # block_table, row stride, max_pages
+        ctypes.c_void_p,  # row_to_batch or NULL
+        ctypes.c_void_p, ctypes.c_longlong,  # out, row stride
+        ctypes.c_int, ctypes.c_int, ctypes.c_int,  # rows, max_len, topk
+        ctypes.c_void_p,  # cudaStream_t
+    ]
+    lib.dsa_topk_error_string.restype = ctypes.c_char_p
+    lib.dsa_topk_error_string.argtypes = [ctypes.c_int]
+    lib.dsa_topk_max_topk.restype = ctypes.c_int
+    if lib.dsa_topk_max_topk() != MAX_TOPK:
+        raise DsactlError(f"lib{LIBRARY}.so was built with a different top-k limit: rebuild it with `dsactl build`")
+    return lib
+
+
+def _check_matrix(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise DsactlError(f"top-k: {name} must be a tensor, got {type(t).__name__}")
+    if t.dtype not in dtypes:
+        want = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
+        raise DsactlError(f"top-k: {name} must be {want}, got {str(t.dtype).removeprefix('torch.')}")
+    if t.device != device:
+        raise DsactlError(f"top-k: {name} is on {t.device}, scores on {device}")
+    if t.dim() != 2:
+        raise DsactlError(f"top-k: {name} must be 2-D, got shape {list(t.shape)}")
+    if t.shape[1] > 1 and t.stride(1) != 1:
+        raise DsactlError(f"top-k: {name} rows must be contiguous (stride(1) == 1), got strides {t.stride()}")
+
+
+def _check_vector(name: str, t: torch.Tensor, rows: int, device: torch.device) -> None:
+    if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != rows:
+        got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+        raise DsactlError(f"top-k: {name} must be int32 [{rows}], got {got}")
+    if t.device != device:
+        raise DsactlError(f"top-k: {name} is on {t.device}, scores on {device}")
+    if rows > 1 and t.stride(0) != 1:
+        raise DsactlError(f"top-k: {name} must be contiguous")
+
+
+def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
+                        row_to_batch: torch.Tensor | None, out: torch.Tensor, topk: int) -> None:
+    """Write the exact top-k of every row, translated to physical ids (module docstring)."""
+    if not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
+        raise DsactlError(f"top-k: topk must be an integer in [1, {MAX_TOPK}], got {topk!r}")
+    if not isinstance(scores, torch.Tensor) or scores.device.type != "cuda":
+        raise DsactlError("top-k: scores must be a CUDA tensor")
+    device = scores.device
+    _check_matrix("scores", scores, tuple(_DTYPE_CODES), device)
+    _check_matrix("block_table", block_table, (torch.int32,), device)
+    _check_matrix("out", out, (torch.int32,), device)
+    rows, max_len = scores.shape
+    if tuple(out.shape) != (rows, topk):
+        raise DsactlError(f"top-k: out must be [{rows}, {topk}] (rows, topk), got {list(out.shape)}")
+    _check_vector("lengths", lengths, rows, device)
+    if row_to_batch is None:
+        if block_table.shape[0] < rows:
+            raise DsactlError(
+                f"top-k: without row_to_batch row r uses block_table row r, but block_table has "
+                f"{block_table.shape[0]} rows for {rows} score rows"
+            )
+    else:
+        _check_vector("row_to_batch", row_to_batch, rows, device)
+    if rows == 0:
+        return
+    lib = _library()
+    with torch.cuda.device(device):
+        code = lib.dsa_topk_page_transform(
+            scores.data_ptr(), _DTYPE_CODES[scores.dtype], scores.stride(0),
+            lengths.data_ptr(),
+            block_table.data_ptr(), block_table.stride(0), block_table.shape[1],
+            None if row_to_batch is None else row_to_batch.data_ptr(),
+            out.data_ptr(), out.stride(0),
+            rows, max_len, topk,
+            torch.cuda.current_stream(device).cuda_stream,
+        )
+    if code != 0:
+        raise DsactlError(f"top-k kernel launch failed: {lib.dsa_topk_error_string(code).decode()} (code {code})")
+
+
+def dsa_topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
+                            row_to_batch: torch.Tensor, topk_indices: torch.Tensor) -> None:
+    """Solution entry for dsa_topk_page_transform_topk{K}_ps64[_bf16]: the definition's
+    signature (inputs, then the preallocated output); k is the output's width."""
+    if not isinstance(topk_indices, torch.Tensor) or topk_indices.dim() != 2:
+        raise DsactlError("top-k: topk_indices must be a 2-D int32 tensor [num_rows, topk]")
+    topk_page_transform(scores, lengths, block_table, row_to_batch, topk_indices, int(topk_indices.shape[1]))

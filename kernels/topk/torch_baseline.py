@@ -1,0 +1,46 @@
+"""Vectorized PyTorch top-k + page-table translation: bench's torch baseline.
+
+Contract: dsa_topk_page_transform_topk{K}_ps64[_bf16] (dsactl/definitions/topk.py).
+scores [num_rows, max_len] fp32/bf16, lengths/row_to_batch [num_rows] int32,
+block_table [batch, max_num_pages] int32 -> topk_indices [num_rows, K] int32:
+physical ids of the top min(K, length) valid scores, -1 padded.
+
+One torch.topk over all rows at once on float64 keys that encode the contract's
+order: finite scores keep their value; -inf and NaN move below every float32
+(NaN lowest of the valid), and positions at or beyond the row length become
+-inf so that they rank below every valid score and are never kept.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from dsactl.errors import DsactlError
+from dsactl.fp8 import PAGE_SIZE
+
+# Below every float32 (whose lowest finite value is about -3.4e38), ordered:
+NEG_INF_KEY = -1e300  # a valid -inf score
+NAN_KEY = -1e301  # a valid NaN ranks below -inf
+
+
+def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
+                        row_to_batch: torch.Tensor, topk_indices: torch.Tensor) -> None:
+    num_rows, max_len = scores.shape
+    topk = topk_indices.shape[1]
+    if topk_indices.shape[0] != num_rows:
+        raise DsactlError(f"topk_indices has {topk_indices.shape[0]} rows, scores {num_rows}")
+    key = scores.double()
+    key = torch.where(key == float("-inf"), NEG_INF_KEY, key)
+    key = torch.where(torch.isnan(key), NAN_KEY, key)
+    lengths = lengths.long()
+    pos = torch.arange(max_len, device=scores.device)
+    key.masked_fill_(pos[None, :] >= lengths[:, None], float("-inf"))
+    k = min(topk, max_len)
+    chosen = torch.topk(key, k, dim=1).indices  # [num_rows, k], best first
+    # Positions past the block table are never kept (rank >= length); clamp so the gather stays in bounds.
+    page = (chosen // PAGE_SIZE).clamp_(max=block_table.shape[1] - 1)
+    physical = block_table.long()[row_to_batch.long()[:, None], page] * PAGE_SIZE + chosen % PAGE_SIZE
+    rank = torch.arange(k, device=scores.device)
+    physical = torch.where(rank[None, :] < lengths[:, None], physical, -1)
+    topk_indices[:, :k] = physical.to(torch.int32)
+    topk_indices[:, k:] = -1

@@ -1,0 +1,249 @@
+"""Sparse MLA attention: the Triton kernel (under the interpreter on CPU, compiled on the GPU),
+the vectorized PyTorch baseline, the entries and their Solution registrations.
+
+The interpreter must be switched on before Triton is first imported, so the interpreter cases
+run in a child pytest process with TRITON_INTERPRET=1 (test_kernel_under_interpreter starts it);
+in any other process they are skipped.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from dsactl import solutions
+from dsactl.definitions import get
+from dsactl.errors import DsactlError
+from dsactl.harness import poison
+from dsactl.kernels.attention import solution, torch_baseline
+from dsactl.kernels.attention import triton_sparse_mla as tsm
+from dsactl.verify.rules import check
+from dsactl.workloads import Workload, make_inputs, suite
+
+INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
+BASE = "dsa_sparse_attention_h{heads}_ckv512_kpe64_topk{topk}_ps64"
+CONTEST_SM_SCALE = 0.1352337788608801
+
+
+def _definition(heads: int, topk: int, suffix: str = "") -> str:
+    return BASE.format(heads=heads, topk=topk) + suffix
+
+
+def _inputs(definition: str, num_tokens: int, num_pages: int, device, seed: int = 0, **params):
+    w = Workload(f"test-{definition}-{num_tokens}", definition, "test", "test",
+                 {"num_tokens": num_tokens, "num_pages": num_pages}, params)
+    return make_inputs(w, device, seed)
+
+
+def _run(fn, definition: str, inputs: dict, **kwargs) -> dict:
+    """Call fn in destination-passing style on poisoned outputs; return the outputs."""
+    d = get(definition)
+    outputs = d.allocate_outputs(d.check_inputs(inputs), inputs["q_nope"].device)
+    poison(outputs)
+    fn(*[{**inputs, **outputs}[name] for name in d.signature], **kwargs)
+    return outputs
+
+
+def _assert_matches_reference(definition: str, inputs: dict, outputs: dict) -> None:
+    verdict = check(get(definition), inputs, outputs)
+    assert verdict.passed, "\n".join(verdict.problems)
+
+
+def _launcher_kwargs(definition: str, num_splits: int | None):
+    """The Triton launcher with the keyword arguments of a definition variant."""
+    d = get(definition)
+
+    def run(*args):
+        named = dict(zip(d.signature, args))
+        tsm.sparse_mla_attention(**named, lse_base_e=d.params["lse_base"] != 2.0, num_splits=num_splits)
+
+    return run
+
+
+# ------------------------------------------------------------------ interpreter (CPU)
+
+INTERPRETER_CASES = {
+    # name: (definition, num_tokens, num_pages, generator params, num_splits (None: the formula))
+    "combine": (_definition(16, 128), 2, 4, {}, None),
+    "one_split": (_definition(16, 128), 2, 4, {}, 1),
+    "fp8kv_prefetch": (_definition(16, 128, "_fp8kv"), 2, 4, {}, 3),
+    "fp8kv_64_heads": (_definition(64, 64, "_fp8kv"), 1, 2, {}, 1),
+    "lsee_sink": (_definition(16, 128, "_lsee_sink"), 2, 4, {}, 2),
+    "topklen_scattered": (_definition(16, 192, "_topklen"), 3, 4, {"pattern": "scattered", "valid": (1, 100, 150)}, 5),
+    "empty_rows_combine": (_definition(16, 128), 3, 4, {"pattern": "empty"}, 2),
+    "empty_rows_sink": (_definition(16, 128, "_fp8kv_lsee_sink"), 2, 4, {"pattern": "empty"}, 1),
+    "tail_front_valid": (_definition(16, 256), 2, 8, {"pattern": "tail", "valid": (3, 70)}, 4),
+    "duplicates_32_heads": (_definition(32, 128), 2, 4, {"pattern": "duplicates"}, 4),
+}
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child of test_kernel_under_interpreter")
+@pytest.mark.parametrize("case", list(INTERPRETER_CASES))
+def test_interpreted_kernel_matches_reference(case):
+    definition, num_tokens, num_pages, params, num_splits = INTERPRETER_CASES[case]
+    inputs = _inputs(definition, num_tokens, num_pages, "cpu", seed=len(case), **params)
+    outputs = _run(_launcher_kwargs(definition, num_splits), definition, inputs)
+    _assert_matches_reference(definition, inputs, outputs)
+    if params.get("pattern") == "empty":
+        assert bool((outputs["output"] == 0).all()) and bool((outputs["lse"] == float("-inf")).all())
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child of test_kernel_under_interpreter")
+def test_interpreted_kernel_reads_strided_views():
+    """q_nope/q_pe and ckv/kpe as slices of one 576-wide tensor, as MLA stores them."""
+    g = torch.Generator().manual_seed(7)
+    q = torch.randn(2, 16, 576, generator=g).bfloat16()
+    cache = torch.randn(4, 64, 576, generator=g).bfloat16()
+    idx = torch.randperm(256, generator=g)[:128].int().repeat(2, 1)
+    idx[1, ::3] = -1
+    inputs = {"q_nope": q[..., :512], "q_pe": q[..., 512:], "ckv_cache": cache[..., :512],
+              "kpe_cache": cache[..., 512:], "sparse_indices": idx, "sm_scale": CONTEST_SM_SCALE}
+    definition = _definition(16, 128)
+    outputs = _run(_launcher_kwargs(definition, 3), definition, inputs)
+    _assert_matches_reference(definition, inputs, outputs)
+
+
+@pytest.mark.skipif(INTERPRETING, reason="this is the parent of the interpreter run")
+def test_kernel_under_interpreter():
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", __file__, "-k", "interpreted"],
+        env=env, capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout.splitlines()[-1], result.stdout[-2000:]
+
+
+# ------------------------------------------------------------------ CPU: baseline, launcher, entries
+
+@pytest.mark.parametrize("suffix", ["", "_fp8kv_lsee", "_topklen_sink", "_fp8kv_lsee_topklen_sink"])
+def test_torch_baseline_matches_reference(suffix):
+    definition = _definition(16, 128, suffix)
+    inputs = _inputs(definition, 4, 4, "cpu", seed=3, pattern="scattered", valid=(0, 1, 64, 128))
+    entry = solution._entry(torch_baseline.sparse_mla_attention, "torch_sparse_attention", **_flags(suffix))
+    outputs = _run(entry, definition, inputs)
+    _assert_matches_reference(definition, inputs, outputs)
+
+
+def _flags(suffix: str) -> dict:
+    return {"fp8kv": "_fp8kv" in suffix, "lse_e": "_lsee" in suffix, "topk_length": "_topklen" in suffix,
+            "sink": "_sink" in suffix}
+
+
+def test_every_variant_has_an_entry_with_its_signature():
+    for suffix in solutions.ATTENTION_VARIANTS:
+        definition = get(_definition(64, 2048, suffix))
+        entry = getattr(solution, "sparse_attention" + suffix)
+        assert list(inspect.signature(entry).parameters) == definition.signature
+        served = [s for s in solutions.for_definition(definition.name) if s.language == "triton"]
+        assert [s.entry for s in served] == [f"dsactl.kernels.attention.solution:sparse_attention{suffix}"]
+        assert served[0].load() is entry
+
+
+def test_split_count_fills_the_gpu():
+    sms = 132
+    for heads in tsm.HEADS:
+        for fp8kv in (False, True):
+            cfg = tsm.config(heads, fp8kv)
+            most_splits = min(2048 // cfg.block_n, tsm.MAX_SPLITS)
+            for num_tokens in (1, 2, 6, 7, 8):  # the contest's token counts: most SMs busy, one wave
+                groups = num_tokens * (heads // cfg.block_h)
+                programs = groups * tsm.num_splits_for(num_tokens, heads, 2048, cfg, sms)
+                assert min(sms // 2, groups * most_splits) <= programs <= sms
+            for num_tokens in (256, 1024):  # the grid is full without splitting: no combine
+                assert tsm.num_splits_for(num_tokens, heads, 2048, cfg, sms) == 1
+    assert tsm.num_splits_for(8, 16, 2048, tsm.config(16, False), sms) == 16
+    assert tsm.num_splits_for(1, 16, 2048, tsm.config(16, False), sms) == 32
+    assert tsm.num_splits_for(128, 128, 2048, tsm.config(128, False), sms) == 1
+    assert tsm.num_splits_for(1, 16, 64, tsm.config(16, False), sms) == 1  # one tile: nothing to split
+
+
+def test_launcher_rejects_malformed_inputs():
+    definition = _definition(16, 128)
+    inputs = _inputs(definition, 2, 4, "cpu")
+    d = get(definition)
+    outputs = d.allocate_outputs(d.check_inputs(inputs), "cpu")
+    base = {**inputs, **outputs}
+    bad_cases = {
+        "q_nope must be torch.bfloat16": {"q_nope": inputs["q_nope"].float()},
+        "heads must be one of": {"q_nope": inputs["q_nope"][:, :8], "q_pe": inputs["q_pe"][:, :8]},
+        "sparse_indices must be torch.int32": {"sparse_indices": inputs["sparse_indices"].long()},
+        "contiguous last dimension": {"q_pe": inputs["q_pe"].repeat_interleave(2, dim=-1)[..., ::2]},
+        "pass either kv_cache": {"kv_cache": torch.zeros(4, 64, 656, dtype=torch.int8)},
+        "lse has shape": {"lse": outputs["lse"][:1]},
+    }
+    for message, change in bad_cases.items():
+        with pytest.raises(DsactlError, match=message):
+            tsm.sparse_mla_attention(**{**base, **change})
+
+
+# ------------------------------------------------------------------ GPU
+
+def _gpu_solution(definition: str):
+    (sol,) = [s for s in solutions.for_definition(definition) if s.language == "triton"]
+    return sol.load()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("suite_name", ["contest", "edge", "scale"])
+def test_gpu_suites_match_reference(suite_name):
+    workloads = [w for w in suite(suite_name) if w.definition.startswith("dsa_sparse_attention")]
+    assert workloads
+    for w in workloads:
+        inputs = make_inputs(w, "cuda", seed=1)
+        outputs = _run(_gpu_solution(w.definition), w.definition, inputs)
+        verdict = check(get(w.definition), inputs, outputs)
+        assert verdict.passed, f"{w.uuid}: " + "\n".join(verdict.problems)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", tsm.HEADS)
+@pytest.mark.parametrize("suffix", solutions.ATTENTION_VARIANTS)
+def test_gpu_every_variant_matches_reference(heads, suffix):
+    definition = _definition(heads, 2048, suffix)
+    inputs = _inputs(definition, 5, 256, "cuda", seed=heads, pattern="scattered", valid=(0, 1, 700, 2047, 2048))
+    _assert_matches_reference(definition, inputs, _run(_gpu_solution(definition), definition, inputs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", [16, 128])
+@pytest.mark.parametrize("topk", [64, 576, 1536])
+@pytest.mark.parametrize("suffix", ["", "_fp8kv"])
+def test_gpu_other_topk_sizes(heads, topk, suffix):
+    definition = _definition(heads, topk, suffix)
+    inputs = _inputs(definition, 3, 64, "cuda", seed=topk, pattern="scattered", valid=(topk, topk // 2, 1))
+    _assert_matches_reference(definition, inputs, _run(_gpu_solution(definition), definition, inputs))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 32])
+@pytest.mark.parametrize("suffix", ["_sink", "_fp8kv_lsee_topklen"])
+def test_gpu_any_split_count_is_exact(num_splits, suffix):
+    definition = _definition(128, 2048, suffix)
+    inputs = _inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="tail", valid=(2048, 5, 0, 1000))
+    outputs = _run(_launcher_kwargs(definition, num_splits), definition, inputs)
+    _assert_matches_reference(definition, inputs, outputs)
+
+
+@pytest.mark.gpu
+def test_gpu_call_is_graph_capturable_and_repeatable():
+    """No host sync or allocation inside a call: it captures into a CUDA graph and replays."""
+    definition = _definition(16, 2048)
+    inputs = _inputs(definition, 8, 512, "cuda", seed=5)
+    fn = _gpu_solution(definition)
+    eager = _run(fn, definition, inputs)  # first call also caches the workspace
+    d = get(definition)
+    outputs = d.allocate_outputs(d.check_inputs(inputs), "cuda")
+    poison(outputs)
+    args = [{**inputs, **outputs}[name] for name in d.signature]
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        fn(*args)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(outputs["output"], eager["output"]) and torch.equal(outputs["lse"], eager["lse"])

@@ -1,0 +1,332 @@
+import json
+import statistics
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dsactl import workloads
+from dsactl.bench import baselines, compare, metrics, plot, report, runner, timing
+from dsactl.bench.runner import BenchRun, Result, Settings
+from dsactl.cli import app
+from dsactl.definitions import CONTEST, get
+from dsactl.definitions.topk import rank_key
+from dsactl.errors import DsactlError
+from dsactl.fp8 import PAGE_SIZE
+from dsactl.harness import prepare, run
+from dsactl.kernels.topk.torch_baseline import topk_page_transform
+
+TOPK_DEF = "dsa_topk_page_transform_topk2048_ps64"
+
+
+def _result(solution="s", workload="w", median=10.0, trial_medians=(10.0, 10.0), kind="solution", label="short",
+            size=100, speedup=None, definition=TOPK_DEF):
+    return Result(solution=solution, kind=kind, definition=definition, workload=workload, label=label,
+                  axes="num_rows=3 max_len=5", method="torch-profiler", iters=50, trials=len(trial_medians),
+                  median_us=median, min_us=median * 0.9, max_us=median * 1.2,
+                  spread_us=max(trial_medians) - min(trial_medians), trial_medians_us=list(trial_medians),
+                  size=size, bytes=4096, flops=0, speedup=speedup, gbps=409.6, pct_peak_bw=9.5, active_sms=None)
+
+
+# --- statistics and CUPTI record correlation -------------------------------------------------
+
+def test_summarize_pools_iterations_and_keeps_trial_medians():
+    s = timing.summarize([[3.0, 1.0, 2.0], [5.0, 4.0, 9.0]])
+    assert s.median_us == 3.5 and s.min_us == 1.0 and s.max_us == 9.0
+    assert s.trial_medians_us == [2.0, 5.0] and s.spread_us == 3.0
+    assert timing.summarize([[7.0, 7.0]]).spread_us == 0.0
+    with pytest.raises(DsactlError):
+        timing.summarize([[]])
+
+
+def test_device_time_counts_only_work_launched_inside_each_call():
+    brackets = [(100, 200), (300, 400)]
+    launches = [(50, 1),  # the L2 flush, launched before the call: excluded
+                (110, 2), (150, 3),  # two kernels of call 0
+                (250, 4),  # between calls: excluded
+                (310, 5), (310, 6)]  # a runtime and a driver record of call 1
+    activities = [(1, 1000), (2, 7), (3, 5), (4, 1000), (5, 20), (6, 1), (99, 1000)]
+    assert timing.sum_by_bracket(brackets, launches, activities) == [12, 21]
+
+
+# --- timing method fallback order ------------------------------------------------------------
+
+def _availability(monkeypatch, **present):
+    for m in timing.METHODS:
+        monkeypatch.setitem(timing.AVAILABLE, m, lambda m=m: present.get(m.replace("-", "_"), False))
+
+
+def test_methods_fall_back_in_order_cupti_profiler_graph(monkeypatch):
+    _availability(monkeypatch, cupti=True, torch_profiler=True, cuda_graph=True)
+    assert timing.pick_method() == "cupti"
+    _availability(monkeypatch, torch_profiler=True, cuda_graph=True)
+    assert timing.pick_method("auto") == "torch-profiler"
+    _availability(monkeypatch, cuda_graph=True)
+    assert timing.pick_method() == "cuda-graph"
+    _availability(monkeypatch)
+    with pytest.raises(DsactlError, match="needs a CUDA GPU"):
+        timing.pick_method()
+
+
+def test_a_requested_method_must_exist_and_work_here(monkeypatch):
+    _availability(monkeypatch, torch_profiler=True, cuda_graph=True)
+    assert timing.pick_method("cuda-graph") == "cuda-graph"
+    with pytest.raises(DsactlError, match="not available here"):
+        timing.pick_method("cupti")
+    with pytest.raises(DsactlError, match="unknown timing method"):
+        timing.pick_method("stopwatch")
+
+
+# --- regression logic ------------------------------------------------------------------------
+
+def test_regression_needs_more_than_5_percent_and_more_than_the_spread():
+    old = [_result("a", median=100.0, trial_medians=(99.0, 101.0)),  # spread 2 us
+           _result("b", median=100.0, trial_medians=(90.0, 110.0)),  # spread 20 us
+           _result("c", median=100.0), _result("d", median=100.0)]
+    new = [_result("a", median=110.0, trial_medians=(109.0, 111.0)),  # +10% and beyond 2 us: regression
+           _result("b", median=110.0, trial_medians=(109.0, 111.0)),  # +10% but within the old 20 us spread
+           _result("c", median=104.0),  # +4%: under the bar
+           _result("d", median=80.0)]  # -20%: improvement
+    c = compare.compare(old, new)
+    assert [d.solution for d in c.regressions] == ["a"]
+    assert [d.solution for d in c.improvements] == ["d"]
+
+
+def test_compare_reports_missing_rows_and_incomparable_runs():
+    old = [_result("a", "w1"), _result("a", "w2")]
+    new = [_result("a", "w1"), _result("a", "w3")]
+    c = compare.compare(old, new, {"gpu": "NVIDIA H200", "timing_method": "cupti"},
+                        {"gpu": "NVIDIA B200", "timing_method": "cupti"})
+    assert c.only_old == [("a", TOPK_DEF, "w2")] and c.only_new == [("a", TOPK_DEF, "w3")]
+    assert len(c.deltas) == 1 and not c.regressions
+    assert len(c.warnings) == 1 and "gpu differs" in c.warnings[0]
+
+
+# --- files -----------------------------------------------------------------------------------
+
+def _run():
+    meta = {"command": "dsactl bench --suite edge --definition 'dsa_topk_*'", "gpu": "NVIDIA H200",
+            "sm_clock_mhz": 1980, "versions": {"torch": "2.11.0"}, "timing_method": "torch-profiler"}
+    rows = [_result("reference", "w1", 900.0, kind="reference", speedup=1.0, size=10),
+            _result("torch-topk", "w1", 30.0, (29.5, 30.5), kind="baseline", speedup=30.0, size=10),
+            _result("reference", "w2", 1900.0, kind="reference", label="long", speedup=1.0, size=1000),
+            _result("torch-topk", "w2", 95.0, (94.0, 96.0), kind="baseline", label="long", speedup=20.0, size=1000)]
+    rows[1].tflops = None
+    rows[1].active_sms = 17
+    return BenchRun(meta=meta, results=rows,
+                    skipped=[baselines.Skipped("flashinfer", "plugin", TOPK_DEF, "cannot import flashinfer")])
+
+
+def test_csv_round_trip_keeps_header_and_rows(tmp_path):
+    run_ = _run()
+    path = report.write_csv(tmp_path / "sub" / "bench.csv", run_)
+    text = path.read_text()
+    assert text.startswith("# command: ") and "NVIDIA H200" in text
+    back = report.read_csv(path)
+    assert back.meta == run_.meta
+    assert back.results == run_.results
+
+
+def test_json_round_trip_adds_scores_and_skipped(tmp_path):
+    run_ = _run()
+    path = report.write_json(tmp_path / "bench.json", run_)
+    data = json.loads(path.read_text())
+    assert data["scores"] == [{"solution": "torch-topk", "definition": TOPK_DEF, "workloads": 2, "mean_speedup": 25.0}]
+    back = report.read_json(path)
+    assert back.results == run_.results and back.skipped == run_.skipped and back.meta == run_.meta
+
+
+def test_a_csv_that_is_not_from_bench_is_refused(tmp_path):
+    p = tmp_path / "x.csv"
+    p.write_text("a,b\n1,2\n")
+    with pytest.raises(DsactlError, match="not a dsactl bench CSV"):
+        report.read_csv(p)
+
+
+def test_default_paths_are_per_gpu_under_profiles():
+    csv_path, json_path = report.default_paths("NVIDIA H200", report.default_stem("contest", None, None))
+    assert csv_path.parent.name == "nvidia-h200" and csv_path.parent.parent.name == "profiles"
+    assert csv_path.name == "bench-contest.csv" and json_path.name == "bench-contest.json"
+    assert report.default_stem("/data/ds", "dsa_topk_*", ["a"]) == "bench-ds-dsa_topk_-a"
+
+
+def test_plot_writes_latency_and_speedup_pngs(tmp_path):
+    written = plot.plot(_run().results, tmp_path / "plots")
+    names = sorted(p.name for p in written)
+    assert names == [f"latency-{TOPK_DEF}.png", f"speedup-{TOPK_DEF}.png"]
+    for p in written:
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
+
+
+# --- work metrics ----------------------------------------------------------------------------
+
+def test_attention_work_counts_valid_tokens_only():
+    d = get("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64")
+    idx = torch.full((2, 2048), -1, dtype=torch.int32)
+    idx[0, :100] = torch.arange(100)
+    idx[1, 7:10] = 5  # duplicates are gathered (and computed) every time
+    w = metrics.attention_work(d, {"sparse_indices": idx})
+    assert w.size == 103
+    assert w.flops == 2 * 16 * 103 * (576 + 512)
+    assert w.bytes == 103 * 1152 + 2 * 16 * 576 * 2 + 2 * 16 * (512 * 2 + 4) + 2 * 2048 * 4
+    fp8 = get("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64_fp8kv_topklen")
+    w = metrics.attention_work(fp8, {"sparse_indices": idx, "topk_length": torch.tensor([50, 2048], dtype=torch.int32)})
+    assert w.size == 53 and w.bytes - 53 * 656 == 2 * 16 * 576 * 2 + 2 * 16 * (512 * 2 + 4) + 2 * 2048 * 4
+
+
+def test_indexer_and_topk_work():
+    d = get("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64_nextn2")
+    x = {"seq_lens": torch.tensor([1, 100], dtype=torch.int32),
+         "q_index_fp8": torch.empty(2, 2, 64, 128, dtype=torch.float8_e4m3fn), "weights": torch.empty(2, 2, 64)}
+    w = metrics.indexer_work(d, x)
+    assert w.size == (0 + 1) + (99 + 100)  # token j of 2 sees seq_len - 2 + j + 1
+    assert w.flops == 2 * 64 * 129 * w.size
+    assert w.bytes == 101 * 132 + 2 * 2 * 64 * 128 + 2 * 2 * 64 * 4 + 2 * 4 + (1 + 2) * 4 + 2 * 2 * 2048 * 4
+    t = metrics.topk_work(get(TOPK_DEF + "_bf16"), {"scores": torch.empty(3, 9000, dtype=torch.bfloat16),
+                                                    "lengths": torch.tensor([9000, 1, 0], dtype=torch.int32)})
+    assert (t.size, t.flops, t.bytes) == (9001, 0, 9001 * 2 + 3 * 4 + 3 * 2048 * 4)
+
+
+def test_active_sms_only_where_the_solution_reports_its_grid():
+    def plain(*args):
+        pass
+
+    def gridded(*args):
+        pass
+
+    gridded.grid_ctas = lambda *args: len(args) * 100
+    assert metrics.active_sms(plain, [1, 2], 132) is None
+    assert metrics.active_sms(gridded, [1], 132) == 100
+    assert metrics.active_sms(gridded, [1, 2], 132) == 132
+
+
+# --- the torch top-k baseline ----------------------------------------------------------------
+
+def _logical(call, ids_row, r):
+    b = int(call.inputs["row_to_batch"][r])
+    pages = (int(call.inputs["lengths"][r]) + PAGE_SIZE - 1) // PAGE_SIZE
+    where = {int(p): i for i, p in enumerate(call.inputs["block_table"][b, :pages].tolist())}
+    return [where[i // PAGE_SIZE] * PAGE_SIZE + i % PAGE_SIZE for i in ids_row.tolist() if i != -1]
+
+
+@pytest.mark.parametrize("uuid", ["edge-topk-nan-fp32", "edge-topk-neg_inf_tail-bf16", "edge-topk-two_values-fp32",
+                                  "edge-topk-len2049", "edge-topk-len1", "edge-topk-mtp"])
+def test_torch_topk_baseline_selects_the_reference_scores(uuid):
+    (w,) = [w for w in workloads.suite("edge") if w.uuid == uuid]
+    call = prepare(w, "cpu", seed=3)
+    got = run(topk_page_transform, call)["topk_indices"].clone()
+    want = call.definition.run_reference(call.inputs)["topk_indices"]
+    for r in range(got.shape[0]):
+        mine, ref = _logical(call, got[r], r), _logical(call, want[r], r)
+        assert len(set(mine)) == len(mine) == len(ref)
+        scores = call.inputs["scores"][r]
+        assert sorted(rank_key(scores[mine]).tolist()) == sorted(rank_key(scores[ref]).tolist())
+    assert ((got == -1) | (got >= 0)).all()
+
+
+# --- baselines and the run orchestration -----------------------------------------------------
+
+def test_baseline_names_resolve_and_missing_plugins_are_skipped():
+    d = get(TOPK_DEF)
+    found, skipped = baselines.resolve(d)
+    assert [c.name for c in found][:1] == ["reference"] and "torch-topk" in [c.name for c in found]
+    assert any(s.name == "flashinfer" and s.kind == "plugin" for s in skipped) or "flashinfer" in [c.name for c in found]
+    found, skipped = baselines.resolve(d, ["torch-topk", "flashmla"], include_reference=False)
+    assert [c.name for c in found] == ["torch-topk"]
+    assert [(s.name, s.reason) for s in skipped] == [("flashmla", "does not serve this definition")]
+    with pytest.raises(DsactlError, match="unknown baseline 'nope'"):
+        baselines.resolve(d, ["nope"])
+
+
+def _fake_timer(fn, iters, warmup):
+    fn()  # the bound call must really run
+    latency = 1000.0 if iters == runner.REFERENCE_ITERS else 40.0
+    return "fake", [latency + i for i in range(iters)]
+
+
+def test_run_bench_times_every_contender_and_scores_speedups():
+    ws = [w for w in workloads.suite("edge") if w.uuid in ("edge-topk-len65", "edge-topk-len2049")]
+    settings = Settings(warmup=1, iters=5, trials=2, baselines=["torch-topk"])
+    seen = []
+    result = runner.run_bench(ws, settings, _fake_timer, device="cpu", progress=seen.append)
+    assert seen == ["edge-topk-len65 trial 1/2", "edge-topk-len65 trial 2/2",
+                    "edge-topk-len2049 trial 1/2", "edge-topk-len2049 trial 2/2"]
+    by = {(r.solution, r.workload): r for r in result.results}
+    ref, base = by[("reference", "edge-topk-len65")], by[("torch-topk", "edge-topk-len65")]
+    assert ref.iters == runner.REFERENCE_ITERS and ref.median_us == 1001.0 and ref.speedup == 1.0
+    assert base.kind == "baseline" and base.median_us == 42.0 and base.method == "fake"
+    assert base.speedup == pytest.approx(1001.0 / 42.0)
+    assert base.trial_medians_us == [42.0, 42.0] and base.spread_us == 0.0
+    assert base.size == 65 + 1 + 64 and base.gbps == pytest.approx(base.bytes / 42e-6 / 1e9)
+    (score,) = [s for s in result.scores() if s.solution == "torch-topk"]
+    assert score.workloads == 2 and score.mean_speedup == pytest.approx(1001.0 / 42.0)
+    gpu_only = [s for s in result.skipped if s.kind == "solution"]
+    assert all(s.reason == "needs a CUDA GPU" for s in gpu_only)
+
+
+def test_a_failing_contender_is_reported_and_the_run_goes_on(monkeypatch):
+    def broken(call):
+        raise RuntimeError("illegal memory access")
+
+    real = runner.contenders_for
+
+    def with_broken(definition, settings):
+        found, skipped = real(definition, settings)
+        return found + [baselines.Contender("broken", "solution", broken)], skipped
+
+    monkeypatch.setattr(runner, "contenders_for", with_broken)
+    ws = [w for w in workloads.suite("edge") if w.uuid == "edge-topk-len65"]
+    result = runner.run_bench(ws, Settings(iters=2, trials=1, baselines=["torch-topk"]), _fake_timer, device="cpu")
+    assert {r.solution for r in result.results} == {"reference", "torch-topk"}
+    (failed,) = result.failed_solutions()
+    assert failed.name == "broken" and "illegal memory access" in failed.reason and failed.workload == "edge-topk-len65"
+
+
+def test_bench_without_a_gpu_is_a_clear_error():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    r = CliRunner().invoke(app, ["bench", "--no-save", "--definition", TOPK_DEF, "--suite", "edge"])
+    assert isinstance(r.exception, DsactlError) and "needs a CUDA GPU" in str(r.exception)
+
+
+# --- GPU -------------------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_copy_self_check_lands_within_10_percent(tmp_path):
+    from dsactl.bench import peaks
+
+    flusher = timing.L2Flusher()
+    p = peaks.load_or_measure(tmp_path / "peaks.json")
+    assert p.copy_gbps > 100 and p.bf16_tflops > 10
+    assert json.loads((tmp_path / "peaks.json").read_text())[p.gpu]["copy_gbps"] == p.copy_gbps
+    check = peaks.copy_self_check(timing.pick_method(), p, flusher)
+    assert check.ok, check.describe()
+
+
+@pytest.mark.gpu
+def test_every_available_method_agrees_on_a_copy():
+    from dsactl.bench.peaks import SELF_CHECK_BYTES
+
+    flusher = timing.L2Flusher()
+    src = torch.empty(SELF_CHECK_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    medians = {}
+    for m in timing.available_methods():
+        used, samples = timing.measure(lambda: dst.copy_(src), m, iters=10, warmup=2, flusher=flusher)
+        assert used == m
+        medians[m] = statistics.median(samples)
+    best = min(medians.values())
+    assert all(v < 1.1 * best for v in medians.values()), medians
+
+
+@pytest.mark.gpu
+def test_one_contest_workload_per_definition_end_to_end():
+    ws = [next(w for w in workloads.suite("contest") if w.definition == d) for d in CONTEST]
+    result = runner.bench(ws, Settings(warmup=2, iters=5, trials=2), "pytest")
+    assert result.meta["self_check"]["ok"], result.meta["self_check"]
+    for d in CONTEST:
+        rows = [r for r in result.results if r.definition == d]
+        assert {r.kind for r in rows} >= {"reference"} and len(rows) >= 2, (rows, result.skipped)
+        for r in rows:
+            assert r.method in timing.METHODS + (timing.EVENTS_FALLBACK,)
+            assert 0 < r.min_us <= r.median_us <= r.max_us and r.speedup > 0 and r.gbps > 0

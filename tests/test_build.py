@@ -1,0 +1,358 @@
+"""dsactl build: arch table, report parsers, a real nvcc build with gates and incremental no-op,
+Triton AOT, and the run-time loader's errors."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import textwrap
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from dsactl.build import arch as arch_table
+from dsactl.build import cuobjdump, ptxas, runtime, sources, triton_aot
+from dsactl.build.cuda import split_kernel_name
+from dsactl.build.pipeline import build_arch
+from dsactl.build.report import gate_failures
+from dsactl.cli import app
+from dsactl.errors import DsactlError
+
+FIXTURES = Path(__file__).parent / "fixtures"
+SPILL_FIXTURE = FIXTURES / "spill_kernel.cu"
+needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+
+# Real outputs, captured from nvcc 13.0 (-Xptxas -v,-warn-spills,-warn-lmem-usage) and Triton 3.9's ptxas.
+NVCC_PTXAS_LOG = """\
+ptxas warning : Local memory used for function 'spill', size of stack frame: 1120 bytes
+ptxas warning : Registers are spilled to local memory in function 'spill', 164 bytes spill stores, 168 bytes spill loads
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function '_Z4tinyPf' for 'sm_90a'
+ptxas info    : Function properties for _Z4tinyPf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 10 registers, used 1 barriers, 128 bytes smem
+ptxas info    : Compile time = 4.090 ms
+ptxas info    : Compiling entry function 'spill' for 'sm_90a'
+ptxas info    : Function properties for spill
+    1120 bytes stack frame, 164 bytes spill stores, 168 bytes spill loads
+ptxas info    : Used 255 registers, used 0 barriers, 1120 bytes cumulative stack size
+ptxas info    : Compile time = 639.543 ms
+"""
+NOINLINE_PTXAS_LOG = """\
+ptxas warning : Local memory used for function 'caller', size of stack frame: 32 bytes
+ptxas info    : 0 bytes gmem
+ptxas info    : Compiling entry function 'caller' for 'sm_100a'
+ptxas info    : Function properties for caller
+    32 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+ptxas info    : Used 16 registers, used 0 barriers, 32 bytes cumulative stack size
+ptxas info    : Compile time = 8.583 ms
+ptxas info    : Function properties for _Z6helperf
+    0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads
+"""
+TRITON_PTXAS_LOG = """\
+ptxas-blackwell info    : 11 bytes gmem
+ptxas-blackwell info    : Compiling entry function '_sparse_mla_split_kernel' for 'sm_90a'
+ptxas-blackwell info    : Function properties for _sparse_mla_split_kernel
+    1064 bytes stack frame, 1092 bytes spill stores, 1104 bytes spill loads
+ptxas-blackwell info    : Used 255 registers, used 1 barriers, 1064 bytes cumulative stack size
+ptxas-blackwell info    : Compile time = 817.724 ms
+
+"""
+CUOBJDUMP_OUTPUT = """\
+
+Fatbin elf code:
+================
+arch = sm_90a
+code version = [1,8]
+host = linux
+compile_size = 64bit
+identifier = spill.cu
+
+Resource usage:
+ Common:
+  GLOBAL:0
+ Function _Z4tinyPf:
+  REG:10 STACK:0 SHARED:1152 LOCAL:0 CONSTANT[0]:536 TEXTURE:0 SURFACE:0 SAMPLER:0
+ Function spill:
+  REG:255 STACK:1120 SHARED:0 LOCAL:0 CONSTANT[0]:548 TEXTURE:0 SURFACE:0 SAMPLER:0
+"""
+
+
+# --- arch table ---------------------------------------------------------------------------
+
+
+@needs_nvcc
+def test_arch_table_maps_names_to_gencode_and_triton_targets():
+    (sm90a,) = arch_table.resolve("sm90a")
+    assert sm90a.gencode == "arch=compute_90a,code=sm_90a" and sm90a.triton_cc == 90
+    (sm103a,) = arch_table.resolve("sm103a")
+    assert sm103a.gencode == "arch=compute_103a,code=sm_103a" and sm103a.triton_cc == 103
+    names = [a.name for a in arch_table.resolve("all")]
+    assert {"sm90a", "sm100a", "sm103a", "sm120a"} <= set(names)
+    assert arch_table.ARCH_FOR_CAPABILITY[(10, 0)] == "sm100a"
+
+
+@needs_nvcc
+def test_unknown_arch_names_what_is_supported():
+    with pytest.raises(DsactlError, match=r"unknown arch 'sm80': choose one of sm90a, sm100a.*or all"):
+        arch_table.resolve("sm80")
+
+
+@pytest.fixture
+def fake_nvcc(monkeypatch):
+    """Stand in for `nvcc --list-gpu-arch` and `nvcc --version`: fake(listed, version)."""
+
+    def fake(listed: str, version: tuple[int, int]) -> None:
+        monkeypatch.setattr(arch_table, "_nvcc", lambda *args: listed)
+        monkeypatch.setattr(arch_table, "nvcc_version", lambda: version)
+        arch_table.supported_arches.cache_clear()
+
+    yield fake
+    arch_table.supported_arches.cache_clear()
+
+
+def test_arch_the_installed_nvcc_cannot_target_is_refused(fake_nvcc):
+    fake_nvcc("compute_80\ncompute_90\n", (12, 8))
+    assert [a.name for a in arch_table.supported_arches()] == ["sm90a"]
+    with pytest.raises(DsactlError, match=r"nvcc 12\.8 cannot target sm100a: it supports sm90a$"):
+        arch_table.resolve("sm100a")
+
+
+def test_family_targets_need_nvcc_12_9(fake_nvcc):
+    for version, family in (((12, 8), False), ((12, 9), True)):
+        fake_nvcc("compute_90\ncompute_100\ncompute_120\n", version)
+        names = {a.name for a in arch_table.supported_arches()}
+        assert ({"sm100f", "sm120f"} <= names) is family
+
+
+# --- parsers ------------------------------------------------------------------------------
+
+
+def test_ptxas_parser_reads_every_entry_function():
+    tiny, spill = ptxas.parse(NVCC_PTXAS_LOG)
+    assert tiny == ptxas.KernelResources("_Z4tinyPf", "sm_90a", registers=10, barriers=1, shared_static=128,
+                                         stack_frame=0, spill_stores=0, spill_loads=0)
+    assert spill == ptxas.KernelResources("spill", "sm_90a", registers=255, barriers=0, shared_static=0,
+                                          stack_frame=1120, spill_stores=164, spill_loads=168)
+
+
+def test_ptxas_parser_ignores_device_functions_and_reads_triton_logs():
+    (caller,) = ptxas.parse(NOINLINE_PTXAS_LOG)
+    assert (caller.name, caller.target, caller.registers, caller.stack_frame) == ("caller", "sm_100a", 16, 32)
+    (triton_kernel,) = ptxas.parse(TRITON_PTXAS_LOG)
+    assert (triton_kernel.registers, triton_kernel.spill_stores, triton_kernel.spill_loads) == (255, 1092, 1104)
+
+
+def test_cuobjdump_parser():
+    found = cuobjdump.parse(CUOBJDUMP_OUTPUT)
+    assert found == {
+        "_Z4tinyPf": cuobjdump.BinaryResources(registers=10, stack=0, shared=1152, local=0),
+        "spill": cuobjdump.BinaryResources(registers=255, stack=1120, shared=0, local=0),
+    }
+
+
+def test_kernel_names_split_into_kernel_and_template_configuration():
+    assert split_kernel_name("void (anonymous namespace)::topk_kernel<(anonymous namespace)::Bf16>"
+                             "((anonymous namespace)::Params)") == ("topk_kernel", "Bf16")
+    assert split_kernel_name("void ns::k<512, (bool)1>(float const*, int*)") == ("ns::k", "512, (bool)1")
+    assert split_kernel_name("spill_kernel") == ("spill_kernel", "")
+
+
+# --- a real nvcc build: report, gates, incremental no-op, run-time loading ----------------
+
+
+@pytest.fixture
+def spill_tree(tmp_path, monkeypatch):
+    """A kernels folder holding only the spill fixture, and an empty build root."""
+    kernels = tmp_path / "kernels"
+    (kernels / "fixture").mkdir(parents=True)
+    shutil.copy(SPILL_FIXTURE, kernels / "fixture" / "spill_kernel.cu")
+    monkeypatch.setattr(sources, "kernels_dir", lambda: kernels)
+    monkeypatch.setenv(runtime.BUILD_DIR_ENV, str(tmp_path / "build"))
+    return kernels
+
+
+def _arch(name: str) -> arch_table.Arch:
+    (found,) = [a for a in arch_table.ARCHES if a.name == name]
+    return found
+
+
+def _build(arch_name: str):
+    return build_arch(_arch(arch_name), cuda_sources=sources.discover_cuda(), triton_configs=[], jobs=2,
+                      on_progress=lambda *event: None)
+
+
+@needs_nvcc
+def test_spill_fixture_gates_report_incremental_and_loading(spill_tree, tmp_path, monkeypatch):
+    monkeypatch.setattr(triton_aot, "discover", lambda: [])
+    with pytest.raises(DsactlError, match=r"^no build of spill_kernel for sm90a: run `dsactl build --arch sm90a`$"):
+        runtime.load_library("spill_kernel", arch="sm90a")
+
+    runner = CliRunner()
+    failed = runner.invoke(app, ["build", "--arch", "sm90a", "--fail-on-spills", "--jobs", "2"])
+    assert failed.exit_code != 0 and isinstance(failed.exception, DsactlError)
+    message = str(failed.exception)
+    assert "spill_kernel (cuda spill_kernel, sm90a) spills" in message and "reverse_kernel" not in message
+    assert "compiled 1 CUDA libraries" in failed.output
+    assert '"spill_kernel"' in (tmp_path / "build" / "sm90a" / "report.json").read_text()
+
+    rebuilt = _build("sm90a")
+    assert rebuilt.up_to_date and rebuilt.compiled_cuda == 0
+    rows = {row.kernel: row for row in rebuilt.rows}
+    assert set(rows) == {"spill_kernel", "reverse_kernel"}
+    spill, reverse = rows["spill_kernel"], rows["reverse_kernel"]
+    assert spill.registers == 255 and spill.spill_stores > 0 and spill.spill_loads > 0 and spill.stack_frame > 0
+    assert reverse.configuration == "32" and reverse.shared_static == 32 * 4 and not reverse.spills
+    assert reverse.shared_dynamic is None and reverse.compile_s > 0
+    (too_many,) = gate_failures(rebuilt.rows, fail_on_spills=False, max_registers=128)
+    assert too_many == "spill_kernel (cuda spill_kernel, sm90a) uses 255 registers > 128"
+
+    passed = runner.invoke(app, ["build", "--arch", "sm90a", "--max-registers", "255"])
+    assert passed.exit_code == 0, passed.output
+    assert "sm90a: up to date (2 kernels)" in passed.output
+
+    library = runtime.load_library("spill_kernel", arch="sm90a")
+    assert hasattr(library, "spill_fixture_reverse")
+    # A header in the source's folder is a dependency: adding one makes the build stale.
+    (spill_tree / "fixture" / "tuning.cuh").write_text("#pragma once\n")
+    with pytest.raises(DsactlError, match=r"build of spill_kernel is stale .*: run `dsactl build --arch sm90a`$"):
+        runtime.library_path("spill_kernel", "sm90a")
+
+
+@needs_nvcc
+def test_nothing_to_build_is_not_an_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(sources, "kernels_dir", lambda: tmp_path)
+    monkeypatch.setattr(triton_aot, "discover", lambda: [])
+    monkeypatch.setenv(runtime.BUILD_DIR_ENV, str(tmp_path / "build"))
+    result = CliRunner().invoke(app, ["build", "--arch", "sm100a"])
+    assert result.exit_code == 0, result.output
+    assert "sm100a: nothing to build" in result.output
+    assert not (tmp_path / "build").exists()
+
+
+def test_load_library_names_known_libraries_for_an_unknown_name(spill_tree):
+    with pytest.raises(DsactlError, match=r"no CUDA source kernels/<stage>/nope\.cu \(CUDA libraries: spill_kernel\)"):
+        runtime.load_library("nope", arch="sm90a")
+
+
+def test_build_root_honours_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv(runtime.BUILD_DIR_ENV, str(tmp_path))
+    assert runtime.arch_dir("sm100a") == tmp_path / "sm100a"
+    monkeypatch.delenv(runtime.BUILD_DIR_ENV)
+    assert runtime.build_root() == Path(runtime.__file__).resolve().parents[2] / "build"
+
+
+# --- Triton AOT ---------------------------------------------------------------------------
+
+TRITON_MODULE = '''
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def scale_kernel(x, y, n, factor, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offsets < n
+    tl.store(y + offsets, tl.load(x + offsets, mask=mask) * factor, mask=mask)
+
+
+def aot_specs():
+    return [
+        {"name": f"scale_b{block}", "fn": scale_kernel,
+         "signature": {"x": "*fp32", "y": "*fp32", "n": "i32", "factor": "fp32", "BLOCK": "constexpr"},
+         "constexprs": {"BLOCK": block}, "num_warps": 4, "num_stages": 1}
+        for block in (BLOCK_SIZES)
+    ]
+'''
+
+
+def _triton_module(tmp_path, monkeypatch, block_sizes: str) -> list[triton_aot.TritonConfig]:
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    package = tmp_path / "aot_fixture"
+    package.mkdir(exist_ok=True)
+    (package / "__init__.py").write_text("")
+    (package / "scale.py").write_text(textwrap.dedent(TRITON_MODULE).replace("BLOCK_SIZES", block_sizes))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("aot_fixture.scale", "aot_fixture"):
+        sys.modules.pop(name, None)
+    return triton_aot.discover("aot_fixture")
+
+
+def test_triton_configurations_compile_ahead_of_time_and_only_when_changed(tmp_path, monkeypatch):
+    arch_dir = tmp_path / "build" / "sm100a"
+    sm100a = _arch("sm100a")
+    configs = _triton_module(tmp_path, monkeypatch, "128, 1024")
+    assert [c.name for c in configs] == ["scale_b128", "scale_b1024"]
+
+    rows, compiled = triton_aot.build(configs, sm100a, arch_dir, jobs=2, on_compiled=lambda *event: None)
+    assert compiled == 2
+    for row, block in zip(rows, (128, 1024)):
+        assert (row.kind, row.unit, row.kernel, row.configuration) == ("triton", "aot_fixture.scale",
+                                                                      "scale_kernel", f"scale_b{block}")
+        assert 0 < row.registers <= 255 and not row.spills and row.shared_dynamic is not None
+        assert row.options == {"num_warps": 4, "num_stages": 1, "constexprs": {"BLOCK": block}}
+        assert (arch_dir / "triton" / "aot_fixture.scale" / f"scale_b{block}.cubin").stat().st_size > 0
+
+    again, compiled = triton_aot.build(configs, sm100a, arch_dir, jobs=2, on_compiled=lambda *event: None)
+    assert compiled == 0 and again == rows
+
+    changed = _triton_module(tmp_path, monkeypatch, "128, 256")
+    _, compiled = triton_aot.build(changed, sm100a, arch_dir, jobs=2, on_compiled=lambda *event: None)
+    assert compiled == 1
+
+
+def test_bad_aot_specs_are_refused(tmp_path, monkeypatch):
+    (config,) = _triton_module(tmp_path, monkeypatch, "128,")
+    spec = dict(config.spec)
+    with pytest.raises(DsactlError, match=r"keys must be .* missing \['num_stages'\], unknown \['stages'\]"):
+        triton_aot.module_configs("m", [{**{k: v for k, v in spec.items() if k != "num_stages"}, "stages": 1}])
+    with pytest.raises(DsactlError, match="names must be unique"):
+        triton_aot.module_configs("m", [spec, spec])
+    with pytest.raises(DsactlError, match="fn must be a @triton.jit function"):
+        triton_aot.module_configs("m", [{**spec, "fn": lambda: None}])
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    with pytest.raises(DsactlError, match="TRITON_INTERPRET is set: unset it to build"):
+        triton_aot.discover("aot_fixture")
+
+
+# --- the shipped kernels ------------------------------------------------------------------
+
+SHIPPED_CUDA = sorted(sources.discover_cuda(), key=lambda s: s.name)
+
+
+@needs_nvcc
+@pytest.mark.skipif(not SHIPPED_CUDA, reason="no CUDA sources under kernels/ yet")
+def test_shipped_cuda_builds_for_sm90a_and_sm100a_without_spills(tmp_path, monkeypatch):
+    monkeypatch.setenv(runtime.BUILD_DIR_ENV, str(tmp_path))
+    with ThreadPoolExecutor(2) as pool:  # one nvcc per arch, side by side
+        builds = list(pool.map(_build, ["sm90a", "sm100a"]))
+    for result in builds:
+        assert {row.unit for row in result.rows} == {s.name for s in SHIPPED_CUDA}
+        assert gate_failures(result.rows, fail_on_spills=True, max_registers=None) == []
+
+
+@pytest.mark.slow
+@needs_nvcc
+def test_every_shipped_kernel_builds_for_sm90a_and_sm100a_without_spills(tmp_path):
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env[runtime.BUILD_DIR_ENV] = str(tmp_path)
+    for arch in ("sm90a", "sm100a"):
+        done = subprocess.run([sys.executable, "-m", "dsactl", "build", "--arch", arch, "--fail-on-spills"],
+                              env=env, capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
+        assert (tmp_path / arch / "report.json").is_file()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not SHIPPED_CUDA, reason="no CUDA sources under kernels/")
+def test_the_build_for_this_gpu_loads():
+    arch = runtime.current_arch()
+    for source in SHIPPED_CUDA:
+        library = runtime.load_library(source.name)
+        assert library is runtime.load_library(source.name, arch=arch)
+        assert Path(library._name) == runtime.arch_dir(arch) / source.library_file

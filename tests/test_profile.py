@@ -1,0 +1,245 @@
+"""dsactl profile: report parsing on a real H200 report, tables, plots, collection plumbing, errors.
+
+Fixture tests/fixtures/h200_gemm_roofline.ncu-rep: one NVIDIA H200 (ncu 2025.3.1, driver 580.159.04,
+torch 2.11), two launches of known work, each alone inside the NVTX ranges dsactl's worker opens
+('dsactl', then range_name('probe', <workload>, 'probe')), collected with collect.ncu_command's options
+(--set roofline, Occupancy, LaunchStats, --clock-control none, --nvtx-include dsactl/) plus a few extra
+tensor counters: workload mm-bf16-4096 is torch `a @ b` on 4096x4096 bf16 (cuBLAS nvjet_sm90, wgmma),
+mm-fp8-4096 is torch._scaled_mm on the same shapes in e4m3. Each does 2 * 4096**3 FLOPs.
+"""
+
+import math
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from typer.testing import CliRunner
+
+from dsactl.cli import app
+from dsactl.errors import DsactlError
+from dsactl.profile import OUTPUTS, analyze, collect, gpu_slug, plot, report, worker
+
+pytest.importorskip("ncu_report")
+
+FIXTURE = Path(__file__).parent / "fixtures" / "h200_gemm_roofline.ncu-rep"
+GEMM_FLOP = 2 * 4096**3
+
+
+@pytest.fixture(scope="module")
+def launches():
+    return report.load([FIXTURE])
+
+
+def test_fixture_parses_into_one_row_per_launch_with_dsactl_tags(launches):
+    assert list(launches["workload"]) == ["mm-bf16-4096", "mm-fp8-4096"]
+    assert set(launches["solution"]) == {"probe"} and set(launches["class"]) == {"probe"}
+    assert all(k.startswith("nvjet_sm90") for k in launches["kernel"])
+    assert launches["duration_us"].round(3).tolist() == [175.296, 101.792]
+    assert launches[["grid", "block", "registers", "sms", "active_sms"]].iloc[0].tolist() == [132, 384, 168, 132, 132]
+    assert set(launches["_device"]) == {"NVIDIA H200"}
+
+
+def test_tensor_core_flops_match_the_known_gemm_work(launches):
+    # Both the bf16 (HGMMA) and the fp8 (QGMMA) wgmma GEMM count exactly 2*M*N*K tensor FLOPs.
+    for flop in launches["tensor_flop"]:
+        assert flop == pytest.approx(GEMM_FLOP, rel=1e-6)
+    assert launches["flop"].ge(launches["tensor_flop"]).all()
+    assert launches["tflops"].iloc[0] == pytest.approx(GEMM_FLOP / 175.296e-6 / 1e12, rel=1e-6)
+
+
+def test_utilisation_and_traffic_are_consistent(launches):
+    for col in report.PCT_COLUMNS:
+        assert launches[col].between(0, 100).all(), col
+    assert (launches["sm_pct"] > 80).all()  # compute-bound GEMMs keep the SMs busy
+    assert launches["dram_bytes"].gt(0).all()
+    gbs = launches["dram_bytes"] / (launches["duration_us"] * 1e-6) / 1e9
+    assert gbs.tolist() == pytest.approx(launches["dram_gbs"].tolist())
+    assert launches["intensity"].tolist() == pytest.approx((launches["flop"] / launches["dram_bytes"]).tolist())
+
+
+def test_tensor_rate_metrics_count_each_float_type_once():
+    names = [f"sm__ops_path_tensor_src_{t}.sum.per_cycle_elapsed" for t in (
+        "bf16_dst_fp32", "fp8_sparsity_off", "fp8_sparsity_on", "int8", "tf32_dst_fp32",
+        "fp4_fp6_fp8_dst_fp32", "fp4_fp6_fp8_dst_fp32_sparsity_on")]
+    names.append("sm__ops_path_tensor_op_hgmma_src_bf16_dst_fp32_sparsity_off.sum.per_cycle_elapsed")
+    picked = {n.split("src_")[1].split(".sum")[0] for n in report.tensor_rate_metrics(names)}
+    assert picked == {"bf16_dst_fp32", "fp8_sparsity_off", "fp8_sparsity_on", "tf32_dst_fp32", "fp4_fp6_fp8_dst_fp32"}
+
+
+def test_unit_scale_reads_ncu_units():
+    assert report._unit_scale("ns") == 1e-9
+    assert report._unit_scale("usecond") == 1e-6
+    assert report._unit_scale("Kbyte/s") == 1e3
+    assert report._unit_scale("byte/usecond") == 1e6
+    assert report._unit_scale("%") == report._unit_scale("") == report._unit_scale("inst/cycle") == 1.0
+
+
+def _launch(kernel, label, duration_us, sm_pct, flop, dram_bytes, tensor_pct=math.nan):
+    row = dict.fromkeys(report.COLUMNS, math.nan)
+    row.update(solution="s", workload=f"w-{label}", kernel=kernel, **{"class": label}, duration_us=duration_us,
+               registers=64, sms=132, active_sms=min(132, int(duration_us)), sm_pct=sm_pct, l1_pct=sm_pct / 2,
+               l2_pct=10.0, dram_pct=20.0, tensor_pct=tensor_pct, flop=flop, dram_bytes=dram_bytes)
+    return row
+
+
+def test_by_class_weighs_utilisation_by_time_and_rates_by_total_work():
+    k = pd.DataFrame([_launch("a", "short", 10.0, 90.0, 1e9, 1e6), _launch("a", "short", 30.0, 10.0, 3e9, 1e7),
+                      _launch("a", "long", 100.0, 50.0, 2e10, 1e8, tensor_pct=40.0),
+                      _launch("b", "long", 5.0, 70.0, 0.0, 1e6)])
+    c = report.by_class(k).set_index(["kernel", "class"])
+    short = c.loc[("a", "short")]
+    assert short["launches"] == 2 and short["duration_us"] == 20.0
+    assert short["sm_pct"] == pytest.approx((90 * 10 + 10 * 30) / 40)
+    assert short["tflops"] == pytest.approx(4e9 / 40e-6 / 1e12)
+    assert short["dram_gbs"] == pytest.approx(1.1e7 / 40e-6 / 1e9)
+    assert short["intensity"] == pytest.approx(4e9 / 1.1e7)
+    assert math.isnan(short["tensor_pct"]) and c.loc[("a", "long")]["tensor_pct"] == 40.0
+    assert len(c) == 3  # one row per (solution, kernel, class)
+
+
+def test_markdown_table_has_a_header_and_one_line_per_row(launches):
+    md = report.to_markdown(report.by_class(launches[list(report.COLUMNS)])).splitlines()
+    assert md[0].startswith("| solution | kernel | class |") and md[1].startswith("|---|")
+    assert len(md) == 4 and "| 784.04 |" in md[2]
+
+
+def test_roofs_prefer_bench_measurements_when_cached(launches, tmp_path):
+    ncu = plot.roofs(launches, "NVIDIA H200", tmp_path / "none.json")
+    assert ncu.dram_bytes_per_s == pytest.approx(4.81e12, rel=0.01)  # HBM3e peak at the profiled DRAM clock
+    assert [name for name, _ in ncu.compute] == ["fp8 tensor", "bf16 tensor", "FP32"]
+    assert ncu.source.startswith("ncu")
+    cache = tmp_path / "peaks.json"
+    cache.write_text('{"NVIDIA H200": {"gpu": "NVIDIA H200", "copy_gbps": 4300.0, "bf16_tflops": 790.0, '
+                     '"measured_at": "2026-11-29T10:00:00", "torch": "2.11"}}')
+    bench = plot.roofs(launches, "NVIDIA H200", cache)
+    assert bench.dram_bytes_per_s == 4.3e12 and dict(bench.compute)["bf16 tensor"] == 790e12
+    assert dict(bench.compute)["fp8 tensor"] == dict(ncu.compute)["fp8 tensor"]
+    assert "dsactl bench" in bench.source
+
+
+def test_import_writes_tables_and_plots(tmp_path):
+    out = tmp_path / "out"
+    r = CliRunner().invoke(app, ["profile", "--import", str(FIXTURE), "-o", str(out)], env={"COLUMNS": "250"})
+    assert r.exit_code == 0, r.output
+    assert "mm-bf16-4096" in r.output and "roofs" in r.output
+    for name in (*OUTPUTS, "command.txt"):
+        assert (out / name).stat().st_size > 0, name
+    assert (out / "roofline.png").read_bytes()[:4] == b"\x89PNG"
+    assert len(pd.read_csv(out / "kernels.csv")) == 2 and len(pd.read_csv(out / "classes.csv")) == 2
+
+
+def test_analyze_default_folder_is_named_for_the_gpu():
+    assert gpu_slug("NVIDIA H200") == "h200" and gpu_slug("NVIDIA GeForce RTX 4090") == "geforce-rtx-4090"
+
+
+def _error(*args, env=None) -> str:
+    """The DsactlError message a command ends with (main() prints it as one `error:` line)."""
+    r = CliRunner().invoke(app, list(args), env=env)
+    assert isinstance(r.exception, DsactlError), r.output
+    return str(r.exception)
+
+
+def test_collect_without_ncu_says_how_to_get_it(tmp_path):
+    message = _error("profile", "--ncu", "roofline", env={"PATH": str(tmp_path)})
+    assert message.startswith("Nsight Compute (ncu) is not on PATH") and "--import" in message
+
+
+def test_profile_needs_exactly_one_of_ncu_and_import():
+    for args in ((), ("--ncu", "roofline", "--import", str(FIXTURE))):
+        assert "either --ncu roofline" in _error("profile", *args)
+
+
+def test_unreadable_report_is_a_clear_error(tmp_path):
+    with pytest.raises(DsactlError, match="no such report"):
+        report.load([tmp_path / "missing.ncu-rep"])
+    bogus = tmp_path / "bogus.ncu-rep"
+    bogus.write_bytes(b"not a report")
+    with pytest.raises(DsactlError):
+        report.load([bogus])
+
+
+@pytest.mark.parametrize("text, rc, expected", [
+    ("==ERROR== ERR_NVGPUCTRPERM - The user does not have permission", 1, "NVreg_RestrictProfilingToAdminUsers=0"),
+    ("==ERROR== Failed to initialize the profiler: LibraryNotLoaded", 1, "LibraryNotLoaded"),
+    ("error: solution x: cannot load m:f (No module named 'm')\n==ERROR== The application returned an error code (2).",
+     2, "cannot load m:f"),
+    ("Traceback (most recent call last):\nRuntimeError: CUDA error: out of memory\n==ERROR== The application", 1,
+     "RuntimeError: CUDA error: out of memory"),
+    ("==PROF== Disconnected from process 1\n==WARNING== No kernels were profiled.", 0, "profiled no kernel"),
+])
+def test_ncu_failures_become_one_clear_message(text, rc, expected):
+    with pytest.raises(DsactlError, match=expected.replace("(", r"\(").replace(")", r"\)")):
+        collect.check_output(rc, text, Path("x.ncu.log"))
+
+
+def test_ncu_command_profiles_only_the_nvtx_range():
+    selection = collect.Selection("contest", None, None, ("contest-indexer-000", "contest-indexer-100"), "s")
+    cmd = collect.ncu_command("ncu", Path("out/s.ncu-rep"), collect.worker_command(selection, 3))
+    assert cmd[:7] == ["ncu", "--set", "roofline", "--section", "Occupancy", "--section", "LaunchStats"]
+    assert ["--clock-control", "none"] == cmd[cmd.index("--clock-control"):][:2]
+    assert cmd[cmd.index("--nvtx-include") + 1] == "dsactl/" and "--nvtx" in cmd
+    assert cmd[cmd.index("--export") + 1] == "out/s.ncu-rep"
+    program = cmd[cmd.index("--export") + 2:]
+    assert program[:3] == [sys.executable, "-m", "dsactl.profile.worker"]
+    assert worker.parse_args(program[3:]) == (selection, 3)
+    with pytest.raises(DsactlError, match="unknown ncu section set"):
+        collect.ncu_command("ncu", Path("x"), [], "everything")
+
+
+def test_range_names_round_trip():
+    name = collect.range_name("dsactl-indexer", "contest-indexer-007", "passthrough")
+    assert collect.parse_range_name(name) == {"solution": "dsactl-indexer", "workload": "contest-indexer-007",
+                                              "label": "passthrough"}
+    assert collect.parse_range_name("some other range") is None
+
+
+def test_plan_pairs_solutions_with_the_workloads_they_serve():
+    (t,) = collect.plan(collect.Selection(solution="torch-indexer", workloads=("contest-indexer-000",)))
+    assert t.solution.name == "torch-indexer" and [w.uuid for w in t.workloads] == ["contest-indexer-000"]
+    with pytest.raises(DsactlError, match="no workload nope"):
+        collect.plan(collect.Selection(workloads=("nope",)))
+    with pytest.raises(DsactlError, match="serves none"):
+        collect.plan(collect.Selection(solution="torch-indexer", workloads=("contest-attention-000",)))
+
+
+FAKE_NCU = """#!{python}
+import shutil, sys
+args = sys.argv[1:]
+print("==PROF== Connected to process 1")
+print("dsactl-profile skipped contest-indexer-001: too long for this test")
+shutil.copy({fixture!r}, args[args.index("--export") + 1])
+print("==PROF== Report:", args[args.index("--export") + 1])
+"""
+
+
+def test_collect_runs_ncu_per_solution_and_reads_its_report(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ncu = bin_dir / "ncu"
+    ncu.write_text(FAKE_NCU.format(python=sys.executable, fixture=str(FIXTURE)))
+    ncu.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(shutil.which('sh')).parent}")
+    selection = collect.Selection(solution="torch-indexer", workloads=("contest-indexer-000", "contest-indexer-001"))
+    (c,) = collect.collect(selection, tmp_path / "out")
+    assert c.solution == "torch-indexer" and c.workloads == 2
+    assert c.report == tmp_path / "out" / "torch-indexer.ncu-rep" and c.report.is_file()
+    assert c.skipped == (("contest-indexer-001", "too long for this test"),)
+    assert "dsactl.profile.worker --solution torch-indexer" in c.log.read_text().splitlines()[0]
+    a = analyze([c.report], tmp_path / "out", "dsactl profile --ncu roofline", tmp_path / "no-peaks.json")
+    assert a.device == "NVIDIA H200" and len(a.kernels) == 2
+
+
+@pytest.mark.gpu
+def test_profile_a_shipped_kernel_on_this_gpu(tmp_path):
+    if shutil.which("ncu") is None:
+        pytest.skip("needs Nsight Compute (ncu)")
+    r = subprocess.run([sys.executable, "-m", "dsactl", "profile", "--ncu", "roofline", "--solution", "dsactl-indexer",
+                        "--workload", "contest-indexer-100", "-o", str(tmp_path)], capture_output=True, text=True,
+                       cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    k = pd.read_csv(tmp_path / "kernels.csv")
+    assert set(k["solution"]) == {"dsactl-indexer"} and set(k["class"]) == {"scored"}
+    assert k["tensor_flop"].max() > 0  # the FP8 scoring kernel runs on the tensor cores

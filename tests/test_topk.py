@@ -1,0 +1,286 @@
+"""Exact top-k with page-table translation: the PyTorch model of the algorithm (CPU) and the
+CUDA kernel (GPU) against the definition's reference, compared as sets per row.
+
+Ties make the chosen ids legitimately differ from the reference's, so a row is checked by:
+exactly min(topk, length) ids and -1 elsewhere, no duplicates, every id a valid position of
+the row (its page in the row's block table, position < length), and the sorted rank keys of
+the chosen positions equal to the reference's (which is set equality when there are no ties).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dsactl.definitions import get
+from dsactl.definitions.topk import rank_key
+from dsactl.errors import DsactlError
+from dsactl.fp8 import PAGE_SIZE
+from dsactl.harness import INT_POISON
+from dsactl.kernels.topk.launcher import MAX_TOPK, dsa_topk_page_transform, topk_page_transform
+from dsactl.kernels.topk.model import BINS, levels, radix_keys, topk_page_transform_model
+
+TOPK = 2048
+CROWD = 20_000  # values sharing one radix bin (the issue's adversarial case)
+PATTERNS = ("random", "all_equal", "two_values", "coarse_bin", "fine_bin", "ascending", "descending",
+            "neg_inf_tail", "nan")
+CPU_LENGTHS = (1, 63, 64, 2047, 2048, 2049, 5824, 6145, 65536)
+GPU_LENGTHS = CPU_LENGTHS + (131072, 1_048_576)
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+def scores_row(pattern: str, length: int, g: torch.Generator) -> torch.Tensor:
+    """float32 scores of one row (converted to the tested dtype by the caller)."""
+    row = torch.randn(length, generator=g) * 3
+    if pattern == "all_equal":
+        row.fill_(0.625)
+    elif pattern == "two_values":
+        row = torch.where(torch.rand(length, generator=g) < 0.5, 1.5, -2.25)
+    elif pattern in ("coarse_bin", "fine_bin"):
+        # CROWD values above everything else: fp32 keys equal in the top 11 bits (coarse) or
+        # the top 22 bits (fine); in bf16 the fine ones round to one value.
+        low_bits = 1 << (21 if pattern == "coarse_bin" else 10)
+        crowd = torch.randint(0, low_bits, (length,), generator=g, dtype=torch.int32)
+        crowd = (torch.tensor(1.0).view(torch.int32) + crowd).view(torch.float32)
+        row = torch.where(torch.randperm(length, generator=g) < CROWD, crowd, row.abs() * 0.01)
+    elif pattern == "ascending":
+        row = torch.arange(length, dtype=torch.float32) * 0.001 - 1.0
+    elif pattern == "descending":
+        row = 1.0 - torch.arange(length, dtype=torch.float32) * 0.001
+    elif pattern == "neg_inf_tail":
+        row[min(length, 1000):] = float("-inf")  # rows longer than 1000 select -inf scores
+    elif pattern == "nan":
+        row[torch.rand(length, generator=g) < 0.3] = float("nan")
+        row[length // 2:] = float("nan")  # half the row: NaNs are selected in rows <= 2 * topk
+        row[:3] = torch.tensor([float("-inf"), -0.0, 0.0])[:length]
+    return row
+
+
+def make_case(lengths, dtype, pattern="random", rows_per_request=1, seed=0, max_len=None, device="cpu"):
+    """Inputs of the definition: shuffled distinct pages per request, scores beyond a row's
+    length random (they must be ignored)."""
+    g = torch.Generator().manual_seed(seed)
+    max_len = max_len or max(lengths)
+    rows = len(lengths)
+    scores = torch.randn(rows, max_len, generator=g) * 100
+    for r, length in enumerate(lengths):
+        scores[r, :length] = scores_row(pattern, length, g)
+    batch = -(-rows // rows_per_request)
+    max_pages = -(-max_len // PAGE_SIZE)
+    block_table = torch.randperm(batch * max_pages + 7, generator=g)[: batch * max_pages].view(batch, max_pages)
+    return {
+        "scores": scores.to(dtype).to(device),
+        "lengths": torch.tensor(lengths, dtype=torch.int32, device=device),
+        "block_table": block_table.to(torch.int32).to(device),
+        "row_to_batch": (torch.arange(rows, dtype=torch.int32) // rows_per_request).to(device),
+    }
+
+
+def assert_same_topk(out: torch.Tensor, ref: torch.Tensor, case: dict, topk: int, label: str = "") -> None:
+    """The module docstring's per-row check."""
+    out, ref = out.cpu().long(), ref.cpu().long()
+    scores = case["scores"].cpu()
+    lengths, row_to_batch = case["lengths"].cpu(), case["row_to_batch"].cpu()
+    block_table = case["block_table"].cpu().long()
+    num_physical = int(block_table.max()) + 1
+    for r in range(out.shape[0]):
+        length = min(max(int(lengths[r]), 0), scores.shape[1])
+        n = min(topk, length)
+        where = f"{label} row {r} (length {length})"
+        chosen = out[r][out[r] != -1]
+        assert chosen.numel() == n and int((out[r] == -1).sum()) == topk - n, \
+            f"{where}: {chosen.numel()} ids, expected {n}, then -1 padding (min value {int(out[r].min())})"
+        assert chosen.unique().numel() == n, f"{where}: duplicate ids"
+        b = int(row_to_batch[r])
+        page_pos = torch.full((num_physical,), -1, dtype=torch.long)
+        mapped = block_table[b] >= 0  # tables may pad unused pages with -1
+        page_pos[block_table[b][mapped]] = torch.arange(block_table.shape[1])[mapped]
+        assert bool(((chosen >= 0) & (chosen < num_physical * PAGE_SIZE)).all()), f"{where}: id out of range"
+        logical = page_pos[chosen // PAGE_SIZE] * PAGE_SIZE + chosen % PAGE_SIZE
+        assert bool(((page_pos[chosen // PAGE_SIZE] >= 0) & (logical < length)).all()), \
+            f"{where}: id outside the row's valid positions"
+        ref_ids = ref[r][ref[r] != -1]
+        ref_logical = page_pos[ref_ids // PAGE_SIZE] * PAGE_SIZE + ref_ids % PAGE_SIZE
+        got = rank_key(scores[r, logical]).sort().values
+        want = rank_key(scores[r, ref_logical]).sort().values
+        assert torch.equal(got, want), f"{where}: the chosen scores differ from the reference's top-{topk}"
+
+
+def reference(case: dict, topk: int) -> torch.Tensor:
+    bf16 = case["scores"].dtype == torch.bfloat16
+    return get(f"dsa_topk_page_transform_topk{topk}_ps64" + ("_bf16" if bf16 else "")).reference(
+        case["scores"], case["lengths"], case["block_table"], case["row_to_batch"], topk=topk)
+
+
+# ---------------------------------------------------------------------------------------------
+# CPU: keys and the model of the algorithm.
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_radix_keys_order_is_the_contract_order(dtype):
+    g = torch.Generator().manual_seed(1)
+    special = torch.tensor([float("nan"), float("-inf"), -3.0, -0.0, 0.0, 1e-30, 2.5, float("inf")])
+    values = torch.cat([special, torch.randn(2000, generator=g) * 10]).to(dtype)
+    keys = radix_keys(values)
+    ranks = rank_key(values.float())
+    assert bool((keys >= 0).all()) and int(keys.max()) < 2 ** (32 if dtype == torch.float32 else 16)
+    i, j = torch.randint(0, values.numel(), (2, 20000), generator=g)
+    assert torch.equal(keys[i] < keys[j], ranks[i] < ranks[j])
+    assert torch.equal(keys[i] == keys[j], ranks[i] == ranks[j])  # -0.0 == +0.0, NaN == NaN
+
+
+def test_levels_cover_every_key_bit_once():
+    for bits, widths in ((32, [11, 11, 10]), (16, [11, 5])):
+        lv = levels(bits)
+        assert [bin(m).count("1") for _, m in lv] == widths
+        combined = 0
+        for shift, mask in lv:
+            assert combined & mask == 0 and mask >> shift < BINS
+            combined |= mask
+        assert combined == (1 << bits) - 1
+
+
+# (cluster_size, region_bytes): the kernel's paths. 206 KB is the H200's region: rows up to 52K
+# fp32 keys are cached, 65536 is not (compaction); 4 KB forces compaction per chunk and, with
+# CROWD values in one bin, the overflow fallback over global memory.
+MODEL_CONFIGS = {"one-cta": (1, 206 * 1024), "cluster4": (4, 206 * 1024), "small-region": (2, 4096)}
+
+
+@pytest.mark.parametrize("config", MODEL_CONFIGS)
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_model_matches_reference(dtype, pattern, config):
+    cluster_size, region_bytes = MODEL_CONFIGS[config]
+    case = make_case(CPU_LENGTHS, dtype, pattern, seed=len(pattern))
+    out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                    TOPK, cluster_size, region_bytes)
+    assert_same_topk(out, reference(case, TOPK), case, TOPK, f"{pattern}/{config}")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_model_takes_the_overflow_fallback_and_stays_exact(dtype):
+    case = make_case([30000, 9000], dtype, "coarse_bin", rows_per_request=2)
+    trace: list[str] = []
+    out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                    TOPK, cluster_size=2, region_bytes=4096, trace=trace)
+    assert any(t.startswith("overflow") for t in trace), trace
+    assert_same_topk(out, reference(case, TOPK), case, TOPK)
+
+
+@pytest.mark.parametrize("topk", (1, 7, 512, 1024))
+def test_model_other_k(topk):
+    case = make_case([1, topk, topk + 1, 5000], torch.float32, "two_values", seed=topk)
+    out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                    topk, 2, 4096)
+    assert_same_topk(out, reference(case, topk), case, topk)
+
+
+def test_launcher_rejects_topk_above_the_limit():
+    case = make_case([10], torch.float32)
+    out = torch.empty(1, 4096, dtype=torch.int32)
+    with pytest.raises(DsactlError, match=f"\\[1, {MAX_TOPK}\\]"):
+        topk_page_transform(case["scores"], case["lengths"], case["block_table"], None, out, 4096)
+
+
+def test_launcher_rejects_cpu_tensors():
+    case = make_case([10], torch.float32)
+    with pytest.raises(DsactlError, match="CUDA tensor"):
+        topk_page_transform(case["scores"], case["lengths"], case["block_table"], None,
+                            torch.empty(1, 16, dtype=torch.int32), 16)
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU: the kernel.
+
+def run_kernel(case: dict, topk: int, row_to_batch="given") -> torch.Tensor:
+    rows = case["scores"].shape[0]
+    out = torch.full((rows, topk), INT_POISON, dtype=torch.int32, device=case["scores"].device)
+    r2b = case["row_to_batch"] if row_to_batch == "given" else None
+    topk_page_transform(case["scores"], case["lengths"], case["block_table"], r2b, out, topk)
+    return out
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_patterns_all_lengths(dtype, pattern):
+    # 11 rows up to 1M: clusters of 8 CTAs, the 1M rows uncached (compaction or overflow).
+    case = make_case(GPU_LENGTHS, dtype, pattern, rows_per_request=2, seed=3, device="cuda")
+    ref = reference(case, TOPK)
+    for repeat in range(3):
+        assert_same_topk(run_kernel(case, TOPK), ref, case, TOPK, f"{pattern} call {repeat}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", (1, 7, 31, 128))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pattern", ("random", "coarse_bin", "nan"))
+def test_kernel_row_counts(rows, dtype, pattern):
+    # Row counts pick the cluster size (8 down to 1); lengths mix structural, cached and
+    # (at 128 rows x 131072, one CTA per row) uncached rows.
+    g = torch.Generator().manual_seed(rows)
+    lengths = torch.randint(1, 131072, (rows,), generator=g).tolist()
+    lengths[0] = 131072
+    case = make_case(lengths, dtype, pattern, seed=rows, device="cuda")
+    assert_same_topk(run_kernel(case, TOPK), reference(case, TOPK), case, TOPK, f"{rows} rows")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("topk", (1, 100, 512, 1024))
+def test_kernel_other_k(topk):
+    case = make_case([1, topk, topk + 1, 3000, 70000], torch.float32, "two_values", seed=topk, device="cuda")
+    assert_same_topk(run_kernel(case, topk), reference(case, topk), case, topk)
+
+
+@pytest.mark.gpu
+def test_kernel_identity_row_to_batch_unaligned_and_strided_rows():
+    case = make_case([5000, 2049, 40000, 9], torch.bfloat16, "random", seed=5, max_len=40003, device="cuda")
+    wide = torch.randn(4, 40011, device="cuda").to(torch.bfloat16)
+    wide[:, 3:40006] = case["scores"]
+    case["scores"] = wide[:, 3:40006]  # row stride 40011, rows not 16-byte aligned: scalar loads
+    case["row_to_batch"] = torch.arange(4, dtype=torch.int32, device="cuda")
+    out = run_kernel(case, TOPK, row_to_batch=None)
+    assert_same_topk(out, reference(case, TOPK), case, TOPK)
+
+
+@pytest.mark.gpu
+def test_kernel_is_cuda_graph_capturable():
+    case = make_case([131072, 5824, 100], torch.float32, "random", seed=6, device="cuda")
+    out = torch.full((3, TOPK), INT_POISON, dtype=torch.int32, device="cuda")
+    args = (case["scores"], case["lengths"], case["block_table"], case["row_to_batch"], out, TOPK)
+    topk_page_transform(*args)  # first call: the library configures the device
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        topk_page_transform(*args)
+    fresh = make_case([131072, 5824, 100], torch.float32, "coarse_bin", seed=7, device="cuda")
+    for name in ("scores", "lengths", "block_table"):
+        case[name].copy_(fresh[name])
+    out.fill_(INT_POISON)
+    graph.replay()
+    assert_same_topk(out, reference(fresh, TOPK), fresh, TOPK)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("bf16", (False, True))
+def test_solution_entry_on_edge_workloads(bf16):
+    from dsactl.harness import prepare, run
+    from dsactl.workloads import suite
+
+    name = "dsa_topk_page_transform_topk2048_ps64" + ("_bf16" if bf16 else "")
+    workloads = [w for w in suite("edge") if w.definition == name]
+    assert workloads
+    for w in workloads:
+        call = prepare(w, "cuda", seed=11)
+        out = run(dsa_topk_page_transform, call)["topk_indices"]
+        assert_same_topk(out, call.definition.run_reference(call.inputs)["topk_indices"], call.inputs, TOPK,
+                         w.uuid)
+
+
+@pytest.mark.gpu
+def test_kernel_rejects_mismatched_shapes():
+    case = make_case([100, 100], torch.float32, device="cuda")
+    with pytest.raises(DsactlError, match="out must be"):
+        topk_page_transform(case["scores"], case["lengths"], case["block_table"], None,
+                            torch.empty(2, 64, dtype=torch.int32, device="cuda"), TOPK)
+    with pytest.raises(DsactlError, match="lengths must be int32"):
+        topk_page_transform(case["scores"], case["lengths"].long(), case["block_table"], None,
+                            torch.empty(2, TOPK, dtype=torch.int32, device="cuda"), TOPK)

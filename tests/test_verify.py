@@ -1,0 +1,395 @@
+"""dsactl verify: the rules catch every planted bug with a message that says what is
+wrong, correct solutions and any legal tie order pass, skipped solutions never pass."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+import broken_solutions as bs
+from dsactl import solutions
+from dsactl.cli import app
+from dsactl.cli.verify import EXIT_FAILED, EXIT_NOTHING_RAN
+from dsactl.definitions import CONTEST_ATTENTION, CONTEST_INDEXER
+from dsactl.errors import DsactlError
+from dsactl.harness import INT_POISON, prepare
+from dsactl.solutions import Solution
+from dsactl.verify import repro, rules, runner, sanitize
+from dsactl.workloads import Workload, load_dataset, suite
+
+DEVICE = runner.default_device()
+TOPK = "dsa_topk_page_transform_topk2048_ps64"
+INDEXER_NEXTN2 = CONTEST_INDEXER + "_nextn2"
+ATTENTION_ALL = "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64_fp8kv_lsee_topklen_sink"
+
+
+def _pages(n: int) -> int:
+    return (n + 63) // 64
+
+
+def indexer_workload(seq_lens, definition=CONTEST_INDEXER, **params) -> Workload:
+    pages = max(_pages(s) for s in seq_lens)
+    return Workload("t-indexer", definition, "test", "test",
+                    {"batch_size": len(seq_lens), "num_pages": sum(_pages(s) for s in seq_lens) + 8,
+                     "max_num_pages": pages}, {"seq_lens": tuple(seq_lens), **params})
+
+
+def topk_workload(lengths, pattern="random", rows_per_request=1) -> Workload:
+    return Workload("t-topk", TOPK, "test", "test", {"num_rows": len(lengths), "max_len": max(lengths) + 3},
+                    {"lengths": tuple(lengths), "pattern": pattern, "rows_per_request": rows_per_request})
+
+
+def attention_workload(definition=CONTEST_ATTENTION, valid=(0, 100, 2048)) -> Workload:
+    return Workload("t-attention", definition, "test", "test", {"num_tokens": len(valid), "num_pages": 40},
+                    {"pattern": "scattered", "valid": tuple(valid)})
+
+
+SHORT = indexer_workload([37, 700, 2000])  # every row fits in top-k: all valid tokens are due
+LONG = indexer_workload([2100, 3000, 130])  # two rows need a real top-k
+
+
+def check(fn, w, trials=1) -> runner.WorkloadResult:
+    return runner.verify_pair(runner.candidate(fn), w, trials=trials, device=DEVICE)
+
+
+def problems(result) -> str:
+    return "\n".join(result.problems)
+
+
+# ---------------------------------------------------------------- correct solutions pass
+
+@pytest.mark.parametrize("fn,w", [
+    (bs.correct_indexer, SHORT),
+    (bs.correct_indexer, LONG),
+    (bs.correct_indexer, indexer_workload([2, 2049, 2100], INDEXER_NEXTN2)),
+    (bs.correct_topk, topk_workload([3000, 64, 0, 2048])),
+    (bs.correct_topk, topk_workload([3000, 2500, 1000, 4000], "nan", rows_per_request=2)),
+    (bs.correct_attention, attention_workload()),
+    (bs.reference_solution(ATTENTION_ALL), attention_workload(ATTENTION_ALL)),
+], ids=["indexer-short", "indexer-long", "indexer-nextn2", "topk", "topk-nan-mtp", "attention", "attention-variants"])
+def test_correct_solutions_pass(fn, w):
+    result = check(fn, w, trials=2)
+    assert result.status == "passed", problems(result)
+    assert result.trials == 2 and result.matched == 1.0
+
+
+# ---------------------------------------------------------------- planted bugs are caught, with what is wrong
+
+@pytest.mark.parametrize("fn,w,says", [
+    (bs.drops_index, topk_workload([3000, 5000]), "was left out while"),
+    (bs.drops_index, topk_workload([100, 1000]), "slot holds -1 where a valid id is due"),
+    (bs.duplicates_one, LONG, "appears twice"),
+    (bs.off_by_one_page, SHORT, "which is not one of the row's"),
+    (bs.minus_one_where_due, SHORT, "slots hold -1 where a valid id is due"),
+    (bs.never_writes_last, attention_workload(), "output: 1 element never written"),
+    (bs.returns_nan, attention_workload(), "output: 1 NaN of"),
+    (bs.lse_base_e, attention_workload(), "log-sum-exp in base e (natural log), but base 2 is due"),
+], ids=["drops-index-long", "drops-index-short", "duplicates", "off-by-one-page", "minus-one", "never-writes-last",
+        "nan", "lse-base-e"])
+def test_broken_solutions_are_caught(fn, w, says):
+    result = check(fn, w)
+    assert result.status == "failed"
+    assert says in problems(result), problems(result)
+    assert result.failing_seed == 0
+
+
+def test_messages_name_the_row_and_the_id():
+    text = problems(check(bs.duplicates_one, LONG))
+    assert "row 0: id " in text and "appears twice" in text
+    never = check(bs.never_writes_last, attention_workload(valid=(5, 6)))
+    assert "first at [1, 15, 511]" in problems(never)
+
+
+def test_an_error_in_the_solution_is_reported_not_raised():
+    def raises(*args):
+        raise RuntimeError("bad launch\nsecond line")
+
+    result = check(raises, SHORT)
+    assert result.status == "error"
+    assert "RuntimeError: bad launch" in problems(result) and "second line" not in problems(result)
+    missing = runner.verify_pair(runner.candidate(_solution("no_such_function")), SHORT, device=DEVICE)
+    assert missing.status == "error" and "cannot load" in problems(missing) and missing.trials == 0
+
+
+# ---------------------------------------------------------------- ties: any legal order passes
+
+@pytest.mark.parametrize("pattern", ["all_equal", "two_values"])
+def test_topk_any_legal_tie_order_passes(pattern):
+    w = topk_workload([5000, 3000, 100], pattern)
+    inputs = prepare(w, DEVICE, seed=0).args()[:-1]
+    ours, theirs = torch.empty(3, 2048, dtype=torch.int32), torch.empty(3, 2048, dtype=torch.int32)
+    bs.correct_topk(*inputs, ours)
+    bs.other_tie_order(*inputs, theirs)
+    assert not torch.equal(ours.sort(dim=1).values, theirs.sort(dim=1).values)  # a different legal set
+    result = check(bs.other_tie_order, w, trials=2)
+    assert result.status == "passed", problems(result)
+
+
+def test_indexer_any_legal_tie_order_passes():
+    w = indexer_workload([3000, 2500], pattern="ties")
+    result = check(bs.other_tie_order_indexer, w)
+    assert result.status == "passed", problems(result)
+
+
+# ---------------------------------------------------------------- the rules themselves
+
+def test_an_element_fails_only_beyond_both_tolerances():
+    tol = rules.Tolerance()
+    expected = torch.tensor([100.0, 0.001, 5.0])
+    ok = rules.compare_close("x", torch.tensor([100.5, 0.0105, 5.0]), expected, tol)  # rel 0.005; abs 0.0095
+    assert ok.passed and ok.max_abs == pytest.approx(0.5)
+    bad = rules.compare_close("x", torch.tensor([102.0, 0.001, 5.0]), expected, tol)
+    assert not bad.passed and "1 of 3 elements outside tolerance" in bad.problems[0]
+    loose = rules.compare_close("x", torch.tensor([102.0, 0.001, 5.0]), expected, rules.Tolerance(matched_ratio=0.6))
+    assert loose.passed and loose.matched == pytest.approx(2 / 3)
+
+
+def test_lse_minus_inf_only_for_empty_rows():
+    tol = rules.Tolerance()
+    expected = torch.tensor([-math.inf, 3.0])
+    empty = expected == -math.inf
+    assert rules.compare_close("lse", torch.tensor([-math.inf, 3.0]), expected, tol, empty=empty).passed
+    owed = rules.compare_close("lse", torch.tensor([0.0, 3.0]), expected, tol, empty=empty)
+    assert not owed.passed and "must be -inf" in owed.problems[0]
+    inf = rules.compare_close("lse", torch.tensor([-math.inf, -math.inf]), expected, tol, empty=empty)
+    assert not inf.passed and "1 inf of 2 elements, first at [1]" in inf.problems[0]
+
+
+def _row(visible=200, pages=(7, 3, 9, 11)):
+    return rules.Row([2], torch.tensor(pages), torch.arange(visible, dtype=torch.float32), "seq_len 200")
+
+
+def test_row_rules_name_each_fault():
+    row, k = _row(), 256
+    good = torch.full((k,), -1)
+    good[56:] = torch.tensor([[7, 3, 9, 11][p // 64] * 64 + p % 64 for p in range(200)])
+    assert rules.check_row(good, row, k, rules.Tolerance(), exact=True)[0] == []
+    poisoned = good.clone()
+    poisoned[-1] = INT_POISON
+    text = rules.check_row(poisoned, row, k, rules.Tolerance(), True)[0][0]
+    assert "row 2: 1 slot never written (still holding the poison value" in text
+    beyond = good.clone()
+    beyond[56] = 11 * 64 + 63  # on the row's last page, but position 255 >= 200
+    text = "\n".join(rules.check_row(beyond, row, k, rules.Tolerance(), True)[0])
+    assert f"id {11 * 64 + 63} is logical position 255, past the row's 200 visible tokens" in text
+
+
+def test_next_n_rows_see_causal_lengths():
+    w = indexer_workload([130, 2100], INDEXER_NEXTN2)
+    call = prepare(w, DEVICE, seed=1)
+    bs.correct_indexer(*call.args())
+    out = call.outputs["topk_indices"]
+    # Token 0 of request 0 sees 129 tokens: claim the 130th as well.
+    last = int(call.inputs["block_table"][0, 2]) * 64 + 1
+    out[0, 0, 129] = last
+    text = "\n".join(rules.check(call.definition, call.inputs, call.outputs).problems)
+    assert f"row [0, 0]: id {last} is logical position 129, past the row's 129 visible tokens" in text
+    assert "token 0 of 2 sees seq_len 130 - 2 + 0 + 1 = 129 tokens" in text
+
+
+# ---------------------------------------------------------------- runner: solutions, skips, quick, repro
+
+def _solution(func: str, definitions=(TOPK,), needs_gpu=False) -> Solution:
+    name = f"test-{func}" + ("-gpu" if needs_gpu else "")
+    return Solution(name, definitions, "python", f"{bs.__name__}:{func}", "test", needs_gpu=needs_gpu)
+
+
+def test_solutions_run_through_their_entry_and_skips_never_pass():
+    gpu_only = _solution("correct_topk", needs_gpu=True)
+    w = topk_workload([3000, 100])
+    report = runner.verify([_solution("correct_topk"), _solution("drops_index"), gpu_only], [w], trials=1)
+    status = {r.solution: r.status for r in report.results}
+    assert status["test-correct_topk"] == "passed" and status["test-drops_index"] == "failed"
+    if not torch.cuda.is_available():
+        assert gpu_only.name not in status
+        assert [(s.solution, s.reason, s.workloads) for s in report.skipped] == [(gpu_only.name, "needs a CUDA GPU", 1)]
+        row = next(r for r in report.summary() if r.solution == gpu_only.name)
+        assert (row.passed, row.skipped) == (0, 1)
+
+
+def test_quick_keeps_a_few_small_workloads_of_each_class():
+    ws = suite("contest")
+    picked = runner.quick(ws)
+    for d in {w.definition for w in ws}:
+        mine = [w for w in picked if w.definition == d]
+        assert 1 <= len(mine) <= runner.QUICK_PER_DEFINITION
+        assert {w.label for w in mine} == {w.label for w in ws if w.definition == d}
+    for w in picked:  # contest has two classes per definition: each pick is the smallest of its class
+        same = [x for x in ws if x.definition == w.definition and x.label == w.label]
+        assert runner._cost(w) == min(runner._cost(x) for x in same)
+
+
+def test_a_failure_is_saved_and_reproduces(tmp_path):
+    w = Workload("edge-attention-duplicates", CONTEST_ATTENTION, "edge", "duplicates",
+                 {"num_tokens": 2, "num_pages": 40}, {"pattern": "duplicates"})
+    sol = _solution("lse_base_e", definitions=(CONTEST_ATTENTION,))
+    result = runner.verify_pair(runner.candidate(sol), w, trials=2, device=DEVICE, save_dir=tmp_path)
+    assert result.status == "failed" and result.saved
+    assert result.repro == (f"dsactl verify --solution test-lse_base_e --dataset {result.saved} "
+                            f"--workload {w.uuid} --trials 1")
+    (saved,) = load_dataset(result.saved)
+    again = runner.verify_pair(runner.candidate(sol), saved, trials=1, device=DEVICE)
+    assert again.status == "failed" and again.problems == result.problems
+    unsaved = runner.verify_pair(runner.candidate(sol), w, trials=1, device=DEVICE)
+    assert unsaved.repro == f"dsactl verify --solution test-lse_base_e --suite edge --workload {w.uuid} --trials 1"
+    assert repro.command((), w, 0, rules.Tolerance()) == ""
+
+
+# ---------------------------------------------------------------- sanitizer log parsing
+
+MEMCHECK_LOG = """========= COMPUTE-SANITIZER
+========= Invalid __global__ read of size 4 bytes
+=========     at void topk_kernel<4>(const float *, int *)+0x2c80 in /src/topk.cu:61
+=========     by thread (3,0,0) in block (0,0,0)
+=========     Address 0x7f0 is out of bounds
+=========
+========= Invalid __global__ write of size 2 bytes
+=========     at 0x70 in /src/attn.cu:12:void attn_fwd(bf16 *)
+=========     by thread (0,0,0) in block (1,0,0)
+=========
+========= Invalid __global__ read of size 4 bytes
+=========     at indexer_score_kernel+0x120 in score.py:88
+=========
+========= ERROR SUMMARY: 3 errors
+"""
+
+RACECHECK_LOG = """========= COMPUTE-SANITIZER
+========= Error: Race reported between Write access at void topk_kernel<4>(const float *, int *)+0x140 in topk.cu:13
+=========     and Read access at void topk_kernel<4>(const float *, int *)+0xe0 in topk.cu:40 [4 hazards]
+=========
+========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)
+"""
+
+
+def test_sanitizer_logs_give_errors_per_kernel():
+    mem = sanitize.parse("memcheck", MEMCHECK_LOG)
+    assert mem.per_kernel == {"topk_kernel<4>": 1, "attn_fwd": 1, "indexer_score_kernel": 1}
+    assert mem.errors == 3 and not mem.clean
+    race = sanitize.parse("racecheck", RACECHECK_LOG)
+    assert race.per_kernel == {"topk_kernel<4>": 1} and race.errors == 1
+    clean = sanitize.parse("memcheck", "========= COMPUTE-SANITIZER\n========= ERROR SUMMARY: 0 errors\n")
+    assert clean.clean
+    crashed = sanitize.parse("racecheck", "========= COMPUTE-SANITIZER\nSegmentation fault\n", exit_code=139)
+    assert not crashed.clean and "did not finish" in crashed.problem
+
+
+def test_missing_sanitizer_says_where_it_looked(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(sanitize.Path, "is_file", lambda self: False)
+    with pytest.raises(DsactlError, match="needs compute-sanitizer .* not on PATH"):
+        sanitize.find_sanitizer()
+
+
+# ---------------------------------------------------------------- the command
+
+@pytest.fixture
+def registered(monkeypatch):
+    def register(*entries):
+        monkeypatch.setattr(solutions, "SOLUTIONS", list(entries))
+    return register
+
+
+def _cli(*args):
+    return CliRunner().invoke(app, ["verify", "--suite", "edge", "--definition", TOPK, "--trials", "1", *args])
+
+
+def test_cli_passes_fails_and_reports_json(registered, tmp_path):
+    registered(_solution("correct_topk"), _solution("drops_index"))
+    ok = _cli("--solution", "test-correct_topk", "--quick", "--json", str(tmp_path / "ok.json"))
+    assert ok.exit_code == 0, ok.output
+    report = json.loads((tmp_path / "ok.json").read_text())
+    assert report["counts"]["passed"] == len(report["results"]) >= 1 and report["counts"]["failed"] == 0
+    assert "summary" in ok.output and "workloads" in ok.output
+
+    bad = _cli("--quick", "--json", str(tmp_path / "bad.json"))
+    assert bad.exit_code == EXIT_FAILED, bad.output
+    report = json.loads((tmp_path / "bad.json").read_text())
+    failed = [r for r in report["results"] if r["status"] == "failed"]
+    assert failed and all(r["solution"] == "test-drops_index" for r in failed)
+    assert "reproduce: dsactl verify --solution test-drops_index --suite edge --workload" in bad.output
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_cli_without_gpu_lists_skips_and_runs_nothing_as_passed(registered):
+    registered(_solution("correct_topk", needs_gpu=True))
+    result = _cli()
+    assert result.exit_code == EXIT_NOTHING_RAN, result.output
+    assert "needs a CUDA GPU" in result.output and "0 passed" in result.output
+    sanitize_run = _cli("--sanitize")
+    assert isinstance(sanitize_run.exception, DsactlError) and "needs a CUDA GPU" in str(sanitize_run.exception)
+
+
+BUNDLE_TOPK = '''import torch
+
+
+def run(scores, lengths, block_table, row_to_batch, topk_indices):
+    k = topk_indices.shape[-1]
+    topk_indices.fill_(-1)
+    for r in range(scores.shape[0]):
+        n, b = int(lengths[r]), int(row_to_batch[r])
+        if n <= 0:
+            continue
+        key = scores[r, :n].double()
+        key = torch.where(key == float("-inf"), torch.finfo(torch.float64).min, key)
+        key = torch.where(torch.isnan(key), float("-inf"), key)
+        chosen = torch.topk(key, min(k, n)).indices{drop}
+        ids = block_table[b, chosen // 64] * 64 + chosen % 64
+        topk_indices[r, : ids.numel()] = ids.to(torch.int32)
+'''
+
+
+@pytest.mark.parametrize("drop,code", [("", 0), ("[1:]", 1)], ids=["correct", "drops-best"])
+def test_cli_verifies_a_bundle(tmp_path, drop, code):
+    pytest.importorskip("dsactl.pack.loader")
+    bundle = tmp_path / "topk.json"
+    bundle.write_text(json.dumps({
+        "name": f"bundle-topk{drop and '-broken'}", "definition": TOPK, "author": "test",
+        "spec": {"language": "python", "target_hardware": ["cpu", "cuda"], "entry_point": "main.py::run",
+                 "dependencies": [], "destination_passing_style": True},
+        "sources": [{"path": "main.py", "content": BUNDLE_TOPK.replace("{drop}", drop)}],
+        "description": "torch.topk in a bundle"}))
+    result = _cli("--bundle", str(bundle), "--quick")
+    assert result.exit_code == code, result.output
+    assert ("0 failed" in result.output) == (code == 0)
+    if code:
+        assert f"reproduce: dsactl verify --bundle {bundle} --suite edge --workload" in result.output
+
+
+FAKE_SANITIZER = """#!/bin/sh
+# Stands in for compute-sanitizer: runs the command, then prints the tool's summary line.
+tool=$2
+shift 2
+if [ "$1" = "--print-limit" ]; then shift 2; fi
+"$@"
+rc=$?
+if [ "$tool" = racecheck ]; then
+  echo "========= RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"
+else
+  echo "========= ERROR SUMMARY: 0 errors"
+fi
+exit $rc
+"""
+
+
+def test_sanitize_runs_the_same_calls_in_a_child(tmp_path, monkeypatch):
+    pytest.importorskip("dsactl.pack.loader")
+    fake = tmp_path / "compute-sanitizer"
+    fake.write_text(FAKE_SANITIZER)
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
+    bundle = tmp_path / "topk.json"
+    bundle.write_text(json.dumps({
+        "name": "bundle-topk", "definition": TOPK, "author": "test",
+        "spec": {"language": "python", "target_hardware": ["cpu", "cuda"], "entry_point": "main.py::run"},
+        "sources": [{"path": "main.py", "content": BUNDLE_TOPK.replace("{drop}", "")}]}))
+    reports = sanitize.run(["--suite", "edge", "--definition", TOPK, "--bundle", str(bundle), "--quick"])
+    assert [r.tool for r in reports] == ["memcheck", "racecheck"]
+    assert all(r.clean for r in reports), [(r.problem, r.log_tail) for r in reports]
+    assert any("calls-only: 2 calls, 0 raised" in line for line in reports[0].log_tail)
