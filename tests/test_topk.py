@@ -139,10 +139,10 @@ def test_levels_cover_every_key_bit_once():
         assert combined == (1 << bits) - 1
 
 
-# (cluster_size, region_bytes): the kernel's paths. 206 KB is the H200's region: rows up to 52K
+# (cluster_size, region_bytes): the kernel's paths. 182 KB is the H200's region: rows up to 46K
 # fp32 keys are cached, 65536 is not (compaction); 4 KB forces compaction per chunk and, with
 # CROWD values in one bin, the overflow fallback over global memory.
-MODEL_CONFIGS = {"one-cta": (1, 206 * 1024), "cluster4": (4, 206 * 1024), "small-region": (2, 4096)}
+MODEL_CONFIGS = {"one-cta": (1, 182 * 1024), "cluster4": (4, 182 * 1024), "small-region": (2, 4096)}
 
 
 @pytest.mark.parametrize("config", MODEL_CONFIGS)

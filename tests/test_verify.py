@@ -212,6 +212,17 @@ def test_solutions_run_through_their_entry_and_skips_never_pass():
         assert (row.passed, row.skipped) == (0, 1)
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only behaviour")
+def test_without_gpu_pure_triton_runs_interpreted(monkeypatch):
+    triton = Solution("t", (TOPK,), "triton", "m:f", "test")
+    with_lib = Solution("t", (TOPK,), "triton", "m:f", "test", cuda_libs=("topk",))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert runner.candidate(triton).availability() == (False, "needs a CUDA GPU")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert runner.candidate(triton).availability() == (True, "runs under the Triton interpreter")
+    assert not runner.candidate(with_lib).availability()[0]
+
+
 def test_quick_keeps_a_few_small_workloads_of_each_class():
     ws = suite("contest")
     picked = runner.quick(ws)

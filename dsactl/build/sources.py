@@ -45,12 +45,11 @@ def kernels_dir() -> Path:
     return Path(dsactl.kernels.__file__).parent
 
 
-def discover_cuda(root: Path | None = None) -> list[CudaSource]:
-    """Every buildable .cu under root/<stage>/ (default: the installed kernels folder)."""
-    root = kernels_dir() if root is None else root
+def discover_cuda() -> list[CudaSource]:
+    """Every buildable .cu under the kernels folder's <stage>/ folders."""
     found = [
         CudaSource(path.stem, path)
-        for path in sorted(root.glob("*/*.cu"))
+        for path in sorted(kernels_dir().glob("*/*.cu"))
         if not path.name.startswith(PRIVATE_PREFIX)
     ]
     by_name: dict[str, Path] = {}

@@ -106,8 +106,8 @@ def make(heads: int = 16, topk: int = 2048, fp8kv: bool = False, lse_base_e: boo
             TensorSpec("lse", ("num_tokens", "num_qo_heads"), "float32",
                        f"base-{'e' if lse_base_e else '2'} log-sum-exp of the scaled logits; -inf for an empty row"),
         ),
-        constraints=("sparse_indices[t, i] == -1 or 0 <= sparse_indices[t, i] < num_pages * page_size",)
-        + (("0 <= topk_length[t] <= topk",) if topk_length else ()),
+        constraints=("all((sparse_indices == -1) | ((sparse_indices >= 0) & (sparse_indices < num_pages * page_size)))",)
+        + (("all((topk_length >= 0) & (topk_length <= topk))",) if topk_length else ()),
         reference=reference,
         params={"heads": heads, "topk": topk, "fp8kv": fp8kv, "lse_base": math.e if lse_base_e else 2.0,
                 "has_topk_length": topk_length, "has_sink": sink},

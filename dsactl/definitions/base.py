@@ -56,6 +56,8 @@ class Definition:
     reference: Callable[..., Any]
     params: Mapping[str, Any] = field(default_factory=dict)
     tags: tuple[str, ...] = ()
+    # Module-level functions the reference calls, shipped with it in to_json().
+    reference_helpers: tuple[Callable[..., Any], ...] = ()
 
     @property
     def input_names(self) -> list[str]:
@@ -161,5 +163,19 @@ class Definition:
             "constraints": list(self.constraints),
             "inputs": tensors(self.inputs),
             "outputs": tensors(self.outputs),
-            "reference": inspect.getsource(self.reference),
+            "reference": self.reference_source(),
         }
+
+    def reference_source(self) -> str:
+        """Self-contained Python source with a top-level `run(<inputs>)` (the
+        flashinfer-bench convention): the FP8 layouts, the helpers, the reference."""
+        from dsactl import fp8
+
+        layouts = inspect.getsource(fp8).replace("from __future__ import annotations\n", "")
+        parts = ["import math\n\nimport torch\n", layouts]
+        parts += [inspect.getsource(f) for f in (*self.reference_helpers, self.reference)]
+        keywords = [f"{n}={n}" for n in self.input_names]
+        keywords += [f"{k}={v!r}" for k, v in self.params_for_reference().items()]
+        parts.append(f"def run({', '.join(self.input_names)}):\n"
+                     f"    return {self.reference.__name__}({', '.join(keywords)})\n")
+        return "\n\n".join(parts)

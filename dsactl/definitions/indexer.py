@@ -65,7 +65,8 @@ def make(heads: int = 64, topk: int = 2048, next_n: int = 1) -> Definition:
         description=(
             f"DSA lightning indexer, {heads} FP8 heads of dim 128 over a paged FP8 K cache "
             f"(8448-byte pages), top-{topk} with translation to physical token ids"
-            + (f", {next_n} query tokens per request (causal)" if next_n > 1 else "")
+            + (f", {next_n} query tokens per request (causal: token j sees seq_len - {next_n} + j + 1 tokens)"
+               if next_n > 1 else "")
         ),
         const_axes=consts,
         var_axes=("batch_size", "num_pages", "max_num_pages"),
@@ -80,10 +81,12 @@ def make(heads: int = 64, topk: int = 2048, next_n: int = 1) -> Definition:
         outputs=(
             TensorSpec("topk_indices", ("batch_size", *mtp, "topk"), "int32", "physical token ids, -1 padded, any order"),
         ),
+        # Python expressions over axes and inputs (the flashinfer-bench convention).
         constraints=(
-            "1 <= seq_lens[b] <= max_num_pages * page_size",
-            "block_table[b, p] < num_pages for p < ceil(seq_lens[b] / page_size)",
-        ) + (("token j of next_n sees seq_lens[b] - next_n + j + 1 tokens",) if next_n > 1 else ()),
+            "all(1 <= seq_lens[b] <= max_num_pages * page_size for b in range(batch_size))",
+            "all(0 <= block_table[b, p] < num_pages for b in range(batch_size) "
+            "for p in range((seq_lens[b] + page_size - 1) // page_size))",
+        ) + (("all(seq_lens[b] >= next_n for b in range(batch_size))",) if next_n > 1 else ()),
         reference=reference,
         params={"heads": heads, "topk": topk, "next_n": next_n},
         tags=("stage:indexer",) + (("contest",) if (heads, topk, next_n) == (64, 2048, 1) else ()),

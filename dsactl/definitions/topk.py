@@ -53,7 +53,8 @@ def make(topk: int = 2048, bf16: bool = False) -> Definition:
     return Definition(
         name=f"dsa_topk_page_transform_topk{topk}_ps64" + ("_bf16" if bf16 else ""),
         op_type="dsa_topk",
-        description=f"exact top-{topk} of {'bf16' if bf16 else 'fp32'} score rows fused with page-table translation",
+        description=(f"exact top-{topk} of {'bf16' if bf16 else 'fp32'} score rows fused with page-table "
+                     "translation; NaN ranks below -inf"),
         const_axes={"topk": topk, "page_size": PAGE_SIZE},
         var_axes=("num_rows", "max_len", "batch_size", "max_num_pages"),
         inputs=(
@@ -63,9 +64,10 @@ def make(topk: int = 2048, bf16: bool = False) -> Definition:
             TensorSpec("row_to_batch", ("num_rows",), "int32"),
         ),
         outputs=(TensorSpec("topk_indices", ("num_rows", "topk"), "int32", "physical ids, -1 padded, any order"),),
-        constraints=("0 <= lengths[r] <= min(max_len, max_num_pages * page_size)", "0 <= row_to_batch[r] < batch_size",
-                     "NaN ranks below -inf"),
+        constraints=("all((lengths >= 0) & (lengths <= min(max_len, max_num_pages * page_size)))",
+                     "all((row_to_batch >= 0) & (row_to_batch < batch_size))"),
         reference=reference,
+        reference_helpers=(rank_key,),
         params={"topk": topk, "bf16": bf16},
         tags=("stage:topk",),
     )

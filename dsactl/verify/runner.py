@@ -4,8 +4,9 @@ Each (solution, workload) pair runs `trials` calls, each on fresh inputs
 (harness.prepare with seed = trial) into outputs poisoned before the call; the
 first failing trial stops the pair and names its seed. A solution that cannot
 run here is never called: it is listed as skipped with Solution.availability()'s
-reason, never counted as passed. A candidate is a registered Solution or a bare
-callable with the definition's destination-passing signature.
+reason, never counted as passed (without a GPU, pure-Triton solutions run under
+the Triton interpreter). A candidate is a registered Solution or a bare callable
+with the definition's destination-passing signature.
 """
 
 from __future__ import annotations

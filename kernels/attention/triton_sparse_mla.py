@@ -47,12 +47,14 @@ H200_NUM_SMS = 132
 # Rows of the combine tile: the most splits a launch may use. 32 splits of topk 2048 leave
 # each split 64 tokens, one full tile; more would spend more on the combine than they save.
 MAX_SPLITS = 32
-# Columns of output one combine program reduces: MAX_SPLITS x COMBINE_BLOCK_D fp32 is
-# 16 KB, which 4 warps hold in registers.
+# A combine program reduces a [splits, heads, COMBINE_BLOCK_D] block of partials of at most
+# COMBINE_TILE fp32 values (32 KB: 64 registers a thread with 4 warps); fewer splits, more heads.
 COMBINE_BLOCK_D = 128
+COMBINE_TILE = 8192
 COMBINE_WARPS = 4
 
 _LOG2E = tl.constexpr(1.4426950408889634)
+_COMBINE_TILE = tl.constexpr(COMBINE_TILE)
 _D_CKV = tl.constexpr(MLA_CKV_DIM)
 _D_KPE = tl.constexpr(MLA_KPE_DIM)
 _TOKEN_BYTES = tl.constexpr(MLA_TOKEN_BYTES)
@@ -67,7 +69,7 @@ _KPE_WORD16 = tl.constexpr(MLA_KPE_OFFSET // 2)
 
 @triton.jit
 def _finalize(acc, m, l, sink_ptr, heads, has_sink, lse_scale):
-    """(unnormalized output [R, 512], max [R], sum [R]) of R rows -> (output, lse)."""
+    """(unnormalized output [R, C], max [R], sum [R]) of R rows -> (output, lse)."""
     empty = l == 0.0
     l_safe = tl.where(empty, 1.0, l)
     lse2 = tl.where(empty, float("-inf"), m + tl.log2(l_safe))
@@ -80,131 +82,225 @@ def _finalize(acc, m, l, sink_ptr, heads, has_sink, lse_scale):
 
 
 @triton.jit
-def _gather_fp8(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, d, r):
-    """Raw bytes of one tile of FP8 tokens: (valid, e4m3 [N, 512], scales [N, 4], rope bf16 [N, 64])."""
-    j = start + offs_n
-    idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
-    valid = idx >= 0
-    tok = idx.to(tl.int64)  # token ids times 656 bytes overflow int32 on large caches
-    fp8 = tl.load(kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + tok[:, None] * _TOKEN_BYTES + d[None, :],
-                  mask=valid[:, None], other=0.0)
-    g = tl.arange(0, _NUM_SCALES)
-    scales = tl.load(kv_ptr.to(tl.pointer_type(tl.float32)) + tok[:, None] * _TOKEN_WORDS32 + _SCALE_WORD32
-                     + g[None, :], mask=valid[:, None], other=0.0)
-    kpe = tl.load(kv_ptr.to(tl.pointer_type(tl.bfloat16)) + tok[:, None] * _TOKEN_WORDS16 + _KPE_WORD16
-                  + r[None, :], mask=valid[:, None], other=0.0)
-    return valid, fp8, scales, kpe
+def _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length):
+    """How many positions of row t split `split` owns: split, split + S, ... below the row's length."""
+    n_valid = topk
+    if has_topk_length:
+        n_valid = tl.maximum(tl.minimum(tl.load(topk_length_ptr + t), topk), 0)
+    return (n_valid - split + num_splits - 1) // num_splits  # >= 0 as split < num_splits
+
+
+@triton.jit
+def _softmax_step(m_i, l_i, s, valid, sm_scale_log2):
+    """Online softmax over one tile of raw logits s [H, N]: (new max, rescale of the old sums, p, new sum)."""
+    s = tl.where(valid[None, :], s * sm_scale_log2, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # finite: exp2(-inf - m_ref) = 0, never NaN
+    alpha = tl.exp2(m_i - m_ref)
+    p = tl.exp2(s - m_ref[:, None])
+    return m_new, alpha, p, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _write(acc, cols, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr, lse_ptr,
+           part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+           HEADS: tl.constexpr, WITH_STATS: tl.constexpr):
+    """Columns `cols` of a program's rows: the final output with one split, else the fp32 partial;
+    WITH_STATS also writes lse (or the partial max and sum)."""
+    if num_splits == 1:
+        out, lse = _finalize(acc, m, l, sink_ptr, heads, has_sink, lse_scale)
+        tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + cols[None, :], out.to(tl.bfloat16))
+        if WITH_STATS:
+            tl.store(lse_ptr + t * stride_lse_t + heads * stride_lse_h, lse)
+    else:
+        part = (t * num_splits + split) * HEADS + heads
+        tl.store(part_acc_ptr + part[:, None].to(tl.int64) * _D_CKV + cols[None, :], acc)
+        if WITH_STATS:
+            tl.store(part_m_ptr + part, m)
+            tl.store(part_l_ptr + part, l)
 
 
 @triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
-def _sparse_mla_split_kernel(
+def _sparse_mla_bf16_kernel(
     q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, indices_ptr, topk_length_ptr, sink_ptr,
     out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
     sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_ckv, stride_kpe, stride_idx_t,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, FP8KV: tl.constexpr,
-    FP8_PREFETCH: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
+    """bf16 KV: ckv rows of 512 and kpe rows of 64 values, `stride_*` elements apart."""
     tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
     tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
-    tl.static_assert(_D_CKV % _SCALE_GROUP == 0 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
-                     "every ckv value has exactly one FP8 scale")
-    tl.static_assert(_TOKEN_BYTES % 16 == 0, "FP8 tokens start 16-byte aligned")
-    tl.static_assert(FP8KV or not FP8_PREFETCH, "only the FP8 path prefetches by hand")
-
     group = tl.program_id(0)  # fastest: the head groups of one (token, split) share gathered rows in L2
     split = tl.program_id(1)
     t = tl.program_id(2)
+    # The interpreter also rounds fp32 -> bf16 toward zero, so its dot operands stay fp32 throughout.
+    dot_dtype: tl.constexpr = tl.float32 if UPCAST_DOT else tl.bfloat16
 
     heads = group * BLOCK_H + tl.arange(0, BLOCK_H)
     d = tl.arange(0, _D_CKV)
     r = tl.arange(0, _D_KPE)
-    # The interpreter also rounds fp32 -> bf16 toward zero, so its dot operands stay fp32 throughout.
-    dot_dtype: tl.constexpr = tl.float32 if UPCAST_DOT else tl.bfloat16
     q_nope = tl.load(q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + d[None, :]).to(dot_dtype)
     q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + r[None, :]).to(dot_dtype)
-
-    n_valid = topk
-    if has_topk_length:
-        n_valid = tl.maximum(tl.minimum(tl.load(topk_length_ptr + t), topk), 0)
-    # Positions split, split + S, ... below n_valid; n_valid - split + S - 1 >= 0 as split < S.
-    n_mine = (n_valid - split + num_splits - 1) // num_splits
+    n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
+    row_ptr = indices_ptr + t * stride_idx_t + split
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, _D_CKV], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    row_ptr = indices_ptr + t * stride_idx_t + split
-    if FP8_PREFETCH:
-        # With mma.sync tiles (under 64 heads) Triton's pipeliner does not prefetch a load that
-        # reaches tl.dot through a dequantization, so the next tile's bytes are loaded into
-        # registers by hand while this one computes (with wgmma tiles it pipelines them itself).
-        valid_next, fp8_next, scales_next, kpe_next = _gather_fp8(ckv_ptr, row_ptr, 0, n_mine, num_splits,
-                                                                  offs_n, d, r)
     for start in range(0, n_mine, BLOCK_N):
-        if FP8KV:
-            if FP8_PREFETCH:
-                valid, fp8, scales, kpe = valid_next, fp8_next, scales_next, kpe_next
-                valid_next, fp8_next, scales_next, kpe_next = _gather_fp8(ckv_ptr, row_ptr, start + BLOCK_N, n_mine,
-                                                                          num_splits, offs_n, d, r)
-            else:
-                valid, fp8, scales, kpe = _gather_fp8(ckv_ptr, row_ptr, start, n_mine, num_splits, offs_n, d, r)
-            kv = tl.reshape(fp8.to(tl.float32), [BLOCK_N, _NUM_SCALES, _SCALE_GROUP]) * scales[:, :, None]
-            kv = tl.reshape(kv, [BLOCK_N, _D_CKV])
-        else:
-            j = start + offs_n
-            idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
-            valid = idx >= 0
-            tok = idx.to(tl.int64)  # token ids times a row size overflow int32 on large caches
-            kv = tl.load(ckv_ptr + tok[:, None] * stride_ckv + d[None, :], mask=valid[:, None], other=0.0)
-            kpe = tl.load(kpe_ptr + tok[:, None] * stride_kpe + r[None, :], mask=valid[:, None], other=0.0)
-        kv = kv.to(dot_dtype)
-        kpe = kpe.to(dot_dtype)
-        s = tl.dot(q_nope, tl.trans(kv))
-        s = tl.dot(q_pe, tl.trans(kpe), s)
-        s = tl.where(valid[None, :], s * sm_scale_log2, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_ref = tl.where(m_new == float("-inf"), 0.0, m_new)  # finite: exp2(-inf - m_ref) = 0, never NaN
-        alpha = tl.exp2(m_i - m_ref)
-        p = tl.exp2(s - m_ref[:, None])
-        l_i = l_i * alpha + tl.sum(p, 1)
+        j = start + offs_n
+        idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
+        valid = idx >= 0
+        tok = idx.to(tl.int64)  # token ids times a row size overflow int32 on large caches
+        kv = tl.load(ckv_ptr + tok[:, None] * stride_ckv + d[None, :], mask=valid[:, None], other=0.0).to(dot_dtype)
+        kpe = tl.load(kpe_ptr + tok[:, None] * stride_kpe + r[None, :], mask=valid[:, None], other=0.0).to(dot_dtype)
+        s = tl.dot(q_pe, tl.trans(kpe), tl.dot(q_nope, tl.trans(kv)))
+        m_i, alpha, p, l_i = _softmax_step(m_i, l_i, s, valid, sm_scale_log2)
         acc = tl.dot(p.to(dot_dtype), kv, acc * alpha[:, None])
-        m_i = m_new
 
-    if num_splits == 1:
-        out, lse = _finalize(acc, m_i, l_i, sink_ptr, heads, has_sink, lse_scale)
-        tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + d[None, :], out.to(tl.bfloat16))
-        tl.store(lse_ptr + t * stride_lse_t + heads * stride_lse_h, lse)
-    else:
-        part = (t * num_splits + split) * HEADS + heads
-        tl.store(part_acc_ptr + part[:, None].to(tl.int64) * _D_CKV + d[None, :], acc)
-        tl.store(part_m_ptr + part, m_i)
-        tl.store(part_l_ptr + part, l_i)
+    _write(acc, d, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr, lse_ptr,
+           part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+           HEADS, True)
+
+
+@triton.jit
+def _gather_fp8(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c, r):
+    """One tile of FP8 tokens, raw: valid, the 4 groups of 128 e4m3 values [N, 128], their 4
+    fp32 scales [N], the rope values [N, 64] bf16."""
+    j = start + offs_n
+    idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
+    valid = idx >= 0
+    tok = idx.to(tl.int64)  # token ids times 656 bytes overflow int32 on large caches
+    e_ptr = kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + tok[:, None] * _TOKEN_BYTES + c[None, :]
+    e0 = tl.load(e_ptr, mask=valid[:, None], other=0.0)
+    e1 = tl.load(e_ptr + _SCALE_GROUP, mask=valid[:, None], other=0.0)
+    e2 = tl.load(e_ptr + 2 * _SCALE_GROUP, mask=valid[:, None], other=0.0)
+    e3 = tl.load(e_ptr + 3 * _SCALE_GROUP, mask=valid[:, None], other=0.0)
+    sc_ptr = kv_ptr.to(tl.pointer_type(tl.float32)) + tok * _TOKEN_WORDS32 + _SCALE_WORD32
+    sc0 = tl.load(sc_ptr, mask=valid, other=0.0)
+    sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
+    sc2 = tl.load(sc_ptr + 2, mask=valid, other=0.0)
+    sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
+    kpe = tl.load(kv_ptr.to(tl.pointer_type(tl.bfloat16)) + tok[:, None] * _TOKEN_WORDS16 + _KPE_WORD16
+                  + r[None, :], mask=valid[:, None], other=0.0)
+    return valid, e0, e1, e2, e3, sc0, sc1, sc2, sc3, kpe
+
+
+@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
+def _sparse_mla_fp8_kernel(
+    q_nope_ptr, q_pe_ptr, kv_ptr, unused_ptr, indices_ptr, topk_length_ptr, sink_ptr,
+    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, unused_stride_a, unused_stride_b, stride_idx_t,
+    stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
+):
+    """FP8 KV (656-byte tokens; same arguments as the bf16 kernel, the second cache and its
+    strides unused). The e4m3 values are exact in bf16, so the tiles feed tl.dot undequantized
+    and each group's fp32 scale multiplies its part of the logits and of p instead: the result
+    equals fp32 dequantization up to the rounding of p, as in the bf16 path (rounding dequantized
+    values to bf16 instead fails the contest tolerance on peaked rows)."""
+    tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
+    tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
+    tl.static_assert(_NUM_SCALES == 4 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
+                     "the kernel spells out 4 scale groups that tile the 512 ckv values")
+    tl.static_assert(_TOKEN_BYTES % 16 == 0, "FP8 tokens start 16-byte aligned")
+    group = tl.program_id(0)
+    split = tl.program_id(1)
+    t = tl.program_id(2)
+    dot_dtype: tl.constexpr = tl.float32 if UPCAST_DOT else tl.bfloat16
+
+    heads = group * BLOCK_H + tl.arange(0, BLOCK_H)
+    c = tl.arange(0, _SCALE_GROUP)
+    r = tl.arange(0, _D_KPE)
+    q_ptr = q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + c[None, :]
+    q0 = tl.load(q_ptr).to(dot_dtype)
+    q1 = tl.load(q_ptr + _SCALE_GROUP).to(dot_dtype)
+    q2 = tl.load(q_ptr + 2 * _SCALE_GROUP).to(dot_dtype)
+    q3 = tl.load(q_ptr + 3 * _SCALE_GROUP).to(dot_dtype)
+    q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + r[None, :]).to(dot_dtype)
+    n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
+    row_ptr = indices_ptr + t * stride_idx_t + split
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        # With mma.sync tiles (under 64 heads) Triton's pipeliner does not prefetch a load that
+        # reaches tl.dot through a conversion, so the next tile's bytes are loaded into registers
+        # by hand while this one computes (with wgmma tiles it pipelines them itself).
+        nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(kv_ptr, row_ptr, 0, n_mine, num_splits,
+                                                                        offs_n, c, r)
+    for start in range(0, n_mine, BLOCK_N):
+        if PREFETCH:
+            valid, e0, e1, e2, e3, sc0, sc1, sc2, sc3, kpe = nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe
+            nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(kv_ptr, row_ptr, start + BLOCK_N, n_mine,
+                                                                            num_splits, offs_n, c, r)
+        else:
+            valid, e0, e1, e2, e3, sc0, sc1, sc2, sc3, kpe = _gather_fp8(kv_ptr, row_ptr, start, n_mine, num_splits,
+                                                                          offs_n, c, r)
+        e0 = e0.to(dot_dtype)
+        e1 = e1.to(dot_dtype)
+        e2 = e2.to(dot_dtype)
+        e3 = e3.to(dot_dtype)
+        s = tl.dot(q_pe, tl.trans(kpe.to(dot_dtype)))
+        s += tl.dot(q0, tl.trans(e0)) * sc0[None, :]
+        s += tl.dot(q1, tl.trans(e1)) * sc1[None, :]
+        s += tl.dot(q2, tl.trans(e2)) * sc2[None, :]
+        s += tl.dot(q3, tl.trans(e3)) * sc3[None, :]
+        m_i, alpha, p, l_i = _softmax_step(m_i, l_i, s, valid, sm_scale_log2)
+        acc0 = tl.dot((p * sc0[None, :]).to(dot_dtype), e0, acc0 * alpha[:, None])
+        acc1 = tl.dot((p * sc1[None, :]).to(dot_dtype), e1, acc1 * alpha[:, None])
+        acc2 = tl.dot((p * sc2[None, :]).to(dot_dtype), e2, acc2 * alpha[:, None])
+        acc3 = tl.dot((p * sc3[None, :]).to(dot_dtype), e3, acc3 * alpha[:, None])
+
+    _write(acc0, c, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr, lse_ptr,
+           part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+           HEADS, True)
+    _write(acc1, c + _SCALE_GROUP, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
+           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+           HEADS, False)
+    _write(acc2, c + 2 * _SCALE_GROUP, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
+           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+           HEADS, False)
+    _write(acc3, c + 3 * _SCALE_GROUP, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
+           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+           HEADS, False)
 
 
 @triton.jit(do_not_specialize=["num_splits", "has_sink"])
 def _sparse_mla_combine_kernel(
     part_acc_ptr, part_m_ptr, part_l_ptr, sink_ptr, out_ptr, lse_ptr,
     lse_scale, num_heads, num_splits, has_sink, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-    MAX_SPLITS: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, BLOCK_HC: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
+    """Program (column block, head block, token): reduce the splits' partials exactly."""
     tl.static_assert(_D_CKV % BLOCK_D == 0, "the column blocks tile the output row exactly")
+    tl.static_assert(SPLITS_PAD * BLOCK_HC * BLOCK_D <= _COMBINE_TILE, "the partial tile fits in registers")
     chunk = tl.program_id(0)
-    h = tl.program_id(1)
+    heads = tl.program_id(1) * BLOCK_HC + tl.arange(0, BLOCK_HC)
     t = tl.program_id(2)
-    s = tl.arange(0, MAX_SPLITS)
+    s = tl.arange(0, SPLITS_PAD)
     in_use = s < num_splits
-    part = (t * num_splits + s) * num_heads + h
-    m = tl.load(part_m_ptr + part, mask=in_use, other=float("-inf"))[:, None]  # [MAX_SPLITS, 1]
-    l = tl.load(part_l_ptr + part, mask=in_use, other=0.0)[:, None]
-    m_all = tl.max(m, 0)  # [1]
+    part = (t * num_splits + s[:, None]) * num_heads + heads[None, :]  # [SPLITS_PAD, BLOCK_HC]
+    m = tl.load(part_m_ptr + part, mask=in_use[:, None], other=float("-inf"))
+    l = tl.load(part_l_ptr + part, mask=in_use[:, None], other=0.0)
+    m_all = tl.max(m, 0)
     w = tl.exp2(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])  # empty splits weigh 0
     d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
-    acc = tl.load(part_acc_ptr + part[:, None].to(tl.int64) * _D_CKV + d[None, :], mask=in_use[:, None], other=0.0)
-    heads = h + tl.zeros([1], tl.int32)
-    out, lse = _finalize(tl.sum(w * acc, 0)[None, :], m_all, tl.sum(w * l, 0), sink_ptr, heads, has_sink, lse_scale)
-    tl.store(out_ptr + t * stride_out_t + h * stride_out_h + d[None, :], out.to(tl.bfloat16))
+    acc = tl.load(part_acc_ptr + part[:, :, None].to(tl.int64) * _D_CKV + d[None, None, :],
+                  mask=in_use[:, None, None], other=0.0)  # [SPLITS_PAD, BLOCK_HC, BLOCK_D]
+    out, lse = _finalize(tl.sum(w[:, :, None] * acc, 0), m_all, tl.sum(w * l, 0), sink_ptr, heads, has_sink,
+                         lse_scale)
+    tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + d[None, :], out.to(tl.bfloat16))
     if chunk == 0:
         tl.store(lse_ptr + t * stride_lse_t + heads * stride_lse_h, lse)
 
@@ -215,20 +311,21 @@ class Config:
     block_n: int  # gathered tokens per step
     num_warps: int
     num_stages: int
-    fp8_prefetch: bool = False  # FP8 path: double-buffer the next tile in registers by hand
+    prefetch: bool = False  # FP8 kernel: double-buffer the next tile in registers by hand
 
 
 def config(heads: int, fp8kv: bool) -> Config:
-    """Tile configuration per head count (register and shared-memory use checked with
-    cuobjdump on sm_90a builds: no spills). 64 heads x 64 tokens with 8 warps is the shape
-    that reached 257 TFLOPS on the H200 (DESIGN.md), and the only one where Triton issues
-    wgmma. Fewer heads keep the whole head axis in one program, as every extra head group
-    re-gathers the same KV rows; their FP8 tiles are 32 tokens so that the hand-prefetched
-    next tile fits in registers."""
+    """Tile configuration per head count (register and shared-memory use read with cuobjdump
+    from sm_90a builds of Triton 3.6). 64 heads x 64 tokens with 8 warps is the shape that
+    reached 257 TFLOPS on the H200 (DESIGN.md), and the only one where Triton issues wgmma.
+    Fewer heads keep the whole head axis in one program, as every extra head group re-gathers
+    the same KV rows. FP8 tiles are 32 tokens: at 64 the four scale-group accumulators spill
+    (440 bytes of stack at 64 heads), and under 64 heads the hand-prefetched next tile would not
+    fit in registers."""
     if heads >= 64:
-        return Config(block_h=64, block_n=64, num_warps=8, num_stages=2)
+        return Config(block_h=64, block_n=32 if fp8kv else 64, num_warps=8, num_stages=2)
     if fp8kv:
-        return Config(block_h=heads, block_n=32, num_warps=8, num_stages=2, fp8_prefetch=True)
+        return Config(block_h=heads, block_n=32, num_warps=8, num_stages=2, prefetch=True)
     return Config(block_h=heads, block_n=64, num_warps=8, num_stages=2)
 
 
@@ -247,6 +344,14 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
     programs = num_tokens * (heads // cfg.block_h)
     return min(range(1, min(tiles, MAX_SPLITS) + 1),
                key=lambda s: (triton.cdiv(programs * s, num_sms) * (triton.cdiv(tiles, s) + PROGRAM_OVERHEAD_TILES), s))
+
+
+@functools.lru_cache(maxsize=None)
+def combine_blocks(num_splits: int, heads: int) -> tuple[int, int]:
+    """(SPLITS_PAD, BLOCK_HC) of the combine: splits padded to a power of two, then as many
+    heads as fit in COMBINE_TILE."""
+    splits_pad = max(2, triton.next_power_of_2(num_splits))
+    return splits_pad, min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
 
 
 @functools.lru_cache(maxsize=None)
@@ -339,62 +444,62 @@ def sparse_mla_attention(
     topk_length_arg = topk_length if topk_length is not None else sparse_indices
     sink_arg = attn_sink if attn_sink is not None else lse
 
-    _sparse_mla_split_kernel[(heads // cfg.block_h, splits, num_tokens)](
+    kernel = _sparse_mla_fp8_kernel if fp8kv else _sparse_mla_bf16_kernel
+    variant = {"PREFETCH": cfg.prefetch} if fp8kv else {}
+    kernel[(heads // cfg.block_h, splits, num_tokens)](
         q_nope, q_pe, ckv_arg, kpe_arg, sparse_indices, topk_length_arg, sink_arg,
         output, lse, part_acc, part_m, part_l,
         float(sm_scale) * math.log2(math.e), lse_scale, topk, splits,
         int(topk_length is not None), int(attn_sink is not None),
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
         sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, FP8KV=fp8kv,
-        FP8_PREFETCH=cfg.fp8_prefetch, UPCAST_DOT=INTERPRETING,
+        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING, **variant,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        _sparse_mla_combine_kernel[(MLA_CKV_DIM // COMBINE_BLOCK_D, heads, num_tokens)](
+        splits_pad, block_hc = combine_blocks(splits, heads)
+        _sparse_mla_combine_kernel[(MLA_CKV_DIM // COMBINE_BLOCK_D, heads // block_hc, num_tokens)](
             part_acc, part_m, part_l, sink_arg, output, lse,
             lse_scale, heads, splits, int(attn_sink is not None),
             output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-            MAX_SPLITS=MAX_SPLITS, BLOCK_D=COMBINE_BLOCK_D, num_warps=COMBINE_WARPS,
+            SPLITS_PAD=splits_pad, BLOCK_HC=block_hc, BLOCK_D=COMBINE_BLOCK_D, num_warps=COMBINE_WARPS,
         )
 
 
 def aot_specs() -> list[dict]:
     """Every configuration a launch can pick, for `dsactl build` to compile ahead of time."""
+    # Argument types in the order of the split kernels' (shared) non-constexpr arguments.
+    pointers = ["*bf16", "*bf16", None, None, "*i32", "*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*fp32"]
+    split_types = pointers + ["fp32", "fp32"] + ["i32"] * 15
     specs = []
     for heads in HEADS:
         for fp8kv in (False, True):
             cfg = config(heads, fp8kv)
-            cache = "*i8" if fp8kv else "*bf16"
-            signature = {
-                "q_nope_ptr": "*bf16", "q_pe_ptr": "*bf16", "ckv_ptr": cache, "kpe_ptr": cache,
-                "indices_ptr": "*i32", "topk_length_ptr": "*i32", "sink_ptr": "*fp32",
-                "out_ptr": "*bf16", "lse_ptr": "*fp32", "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32",
-                "part_l_ptr": "*fp32", "sm_scale_log2": "fp32", "lse_scale": "fp32",
-                **{name: "i32" for name in (
-                    "topk", "num_splits", "has_topk_length", "has_sink", "stride_qn_t", "stride_qn_h",
-                    "stride_qp_t", "stride_qp_h", "stride_ckv", "stride_kpe", "stride_idx_t",
-                    "stride_out_t", "stride_out_h", "stride_lse_t", "stride_lse_h")},
-            }
-            constexprs = {"HEADS": heads, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "FP8KV": fp8kv,
-                          "FP8_PREFETCH": cfg.fp8_prefetch, "UPCAST_DOT": False}
+            kernel = _sparse_mla_fp8_kernel if fp8kv else _sparse_mla_bf16_kernel
+            types = list(split_types)
+            types[2:4] = ["*i8", "*i8"] if fp8kv else ["*bf16", "*bf16"]  # the two cache pointers
+            constexprs = {"HEADS": heads, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "UPCAST_DOT": False,
+                          **({"PREFETCH": cfg.prefetch} if fp8kv else {})}
+            names = [n for n in kernel.arg_names if n not in constexprs]
             specs.append({
-                "name": f"sparse_mla_split_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}",
-                "fn": _sparse_mla_split_kernel,
-                "signature": {**signature, **{k: "constexpr" for k in constexprs}},
+                "name": f"sparse_mla_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}",
+                "fn": kernel,
+                "signature": {**dict(zip(names, types, strict=True)), **{k: "constexpr" for k in constexprs}},
                 "constexprs": constexprs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
             })
-    combine_constexprs = {"MAX_SPLITS": MAX_SPLITS, "BLOCK_D": COMBINE_BLOCK_D}
-    specs.append({
-        "name": "sparse_mla_combine",
-        "fn": _sparse_mla_combine_kernel,
-        "signature": {
-            "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "sink_ptr": "*fp32",
-            "out_ptr": "*bf16", "lse_ptr": "*fp32", "lse_scale": "fp32",
-            **{name: "i32" for name in ("num_heads", "num_splits", "has_sink", "stride_out_t", "stride_out_h",
-                                        "stride_lse_t", "stride_lse_h")},
-            **{k: "constexpr" for k in combine_constexprs},
-        },
-        "constexprs": combine_constexprs, "num_warps": COMBINE_WARPS, "num_stages": 1,
-    })
+    combine_args = {
+        "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "sink_ptr": "*fp32",
+        "out_ptr": "*bf16", "lse_ptr": "*fp32", "lse_scale": "fp32",
+        **{name: "i32" for name in ("num_heads", "num_splits", "has_sink", "stride_out_t", "stride_out_h",
+                                    "stride_lse_t", "stride_lse_h")},
+    }
+    blocks = sorted({combine_blocks(splits, heads) for heads in HEADS for splits in range(2, MAX_SPLITS + 1)})
+    for splits_pad, block_hc in blocks:
+        constexprs = {"SPLITS_PAD": splits_pad, "BLOCK_HC": block_hc, "BLOCK_D": COMBINE_BLOCK_D}
+        specs.append({
+            "name": f"sparse_mla_combine_s{splits_pad}_h{block_hc}",
+            "fn": _sparse_mla_combine_kernel,
+            "signature": {**combine_args, **{k: "constexpr" for k in constexprs}},
+            "constexprs": constexprs, "num_warps": COMBINE_WARPS, "num_stages": 1,
+        })
     return specs

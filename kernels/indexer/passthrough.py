@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from dsactl.definitions.indexer import NEXT_NS, TOPKS
 from dsactl.errors import DsactlError
 from dsactl.fp8 import PAGE_SIZE
 
@@ -55,5 +56,17 @@ def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Te
         return
     indexer_passthrough_kernel[(rows, triton.cdiv(topk, BLOCK))](
         seq_lens, block_table, out, block_table.stride(0),
-        NEXT_N=next_n, TOPK=topk, BLOCK=BLOCK, PAGE=PAGE_SIZE, num_warps=4,
+        NEXT_N=next_n, TOPK=topk, BLOCK=BLOCK, PAGE=PAGE_SIZE, num_warps=4, num_stages=1,
     )
+
+
+def aot_specs() -> list[dict]:
+    """Every (next_n, topk) configuration of the indexer definitions, for `dsactl build`."""
+    signature = {"seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "out_ptr": "*i32", "bt_stride": "i32",
+                 "NEXT_N": "constexpr", "TOPK": "constexpr", "BLOCK": "constexpr", "PAGE": "constexpr"}
+    return [
+        {"name": f"indexer_passthrough_topk{topk}_nextn{next_n}", "fn": indexer_passthrough_kernel,
+         "signature": signature, "constexprs": {"NEXT_N": next_n, "TOPK": topk, "BLOCK": BLOCK, "PAGE": PAGE_SIZE},
+         "num_warps": 4, "num_stages": 1}
+        for topk in TOPKS for next_n in NEXT_NS
+    ]

@@ -31,7 +31,11 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 def _library() -> ctypes.CDLL:
     from dsactl.build.runtime import load_library
 
-    lib = load_library(LIBRARY)
+    return bind(load_library(LIBRARY))
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declare the C ABI of topk.cu on a loaded library."""
     lib.dsa_topk_page_transform.restype = ctypes.c_int
     lib.dsa_topk_page_transform.argtypes = [
         ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,  # scores, dtype, row stride
