@@ -132,7 +132,8 @@ def compile_config(config: TritonConfig, arch: Arch, arch_dir: Path) -> ReportRo
     from triton.compiler import ASTSource
 
     spec = config.spec
-    source = ASTSource(spec["fn"], spec["signature"], **{_constexpr_keyword(ASTSource): spec["constexprs"]})
+    source = ASTSource(spec["fn"], spec["signature"], attrs=_pointer_alignment(spec),
+                       **{_constexpr_keyword(ASTSource): spec["constexprs"]})
     log = io.StringIO()
     start = time.perf_counter()
     with _environment(_TRITON_ENV), contextlib.redirect_stdout(log):
@@ -225,6 +226,18 @@ def _compile_in_worker(module: str, name: str, arch: Arch, arch_dir: Path) -> Re
         raise
     except Exception as e:  # Triton's own errors may not survive pickling back to the parent
         raise DsactlError(f"{config.unit}:{name}: triton failed for {arch.name}: {type(e).__name__}: {e}") from None
+
+
+# The JIT launcher specializes every tensor pointer as 16-byte divisible (torch
+# allocations are); without the same hint the AOT compile emits byte loads and
+# reports registers and spills of a kernel that never runs.
+POINTER_ALIGNMENT = 16
+
+
+def _pointer_alignment(spec: dict) -> dict:
+    arg_names = spec["fn"].arg_names
+    return {(arg_names.index(name),): [["tt.divisibility", POINTER_ALIGNMENT]]
+            for name, ty in spec["signature"].items() if ty.startswith("*")}
 
 
 def _constexpr_keyword(ast_source: type) -> str:
