@@ -1,9 +1,10 @@
 """Sparse MLA attention: the Triton kernel (under the interpreter on CPU, compiled on the GPU),
 the vectorized PyTorch baseline, the entries and their Solution registrations.
 
-The interpreter must be switched on before Triton is first imported, so the interpreter cases
-run in a child pytest process with TRITON_INTERPRET=1 (test_kernel_under_interpreter starts it);
-in any other process they are skipped.
+The interpreter must be switched on before Triton is first imported. tests/conftest.py does so
+on machines without a GPU, and the interpreter cases then run in-process; anywhere else
+(a GPU machine) test_kernel_under_interpreter runs them in a child pytest process with
+TRITON_INTERPRET=1.
 """
 
 from __future__ import annotations
@@ -82,7 +83,7 @@ INTERPRETER_CASES = {
 }
 
 
-@pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child of test_kernel_under_interpreter")
+@pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
 @pytest.mark.parametrize("case", list(INTERPRETER_CASES))
 def test_interpreted_kernel_matches_reference(case):
     definition, num_tokens, num_pages, params, num_splits = INTERPRETER_CASES[case]
@@ -93,7 +94,7 @@ def test_interpreted_kernel_matches_reference(case):
         assert bool((outputs["output"] == 0).all()) and bool((outputs["lse"] == float("-inf")).all())
 
 
-@pytest.mark.skipif(not INTERPRETING, reason="runs in the TRITON_INTERPRET=1 child of test_kernel_under_interpreter")
+@pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
 def test_interpreted_kernel_reads_strided_views():
     """q_nope/q_pe and ckv/kpe as slices of one 576-wide tensor, as MLA stores them."""
     g = torch.Generator().manual_seed(7)
@@ -108,7 +109,7 @@ def test_interpreted_kernel_reads_strided_views():
     _assert_matches_reference(definition, inputs, outputs)
 
 
-@pytest.mark.skipif(INTERPRETING, reason="this is the parent of the interpreter run")
+@pytest.mark.skipif(INTERPRETING, reason="the interpreter cases run in this process")
 def test_kernel_under_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}
     result = subprocess.run(

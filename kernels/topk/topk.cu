@@ -47,21 +47,12 @@ constexpr int kBinsPerThread = kBins / kThreads;
 static_assert(kBinsPerThread == 2, "find_threshold gives each thread exactly two bins");
 constexpr int kPageSize = 64;                        // tokens per page of the paged KV cache
 constexpr int kMaxTopk = 2048;                       // the contract's largest k
-constexpr int kMaxCluster = 8;                       // portable cluster size on sm_90/sm_100
-constexpr int kMaxPortableCluster = 8;
+constexpr int kMaxCluster = 8;                       // portable cluster size on sm_90/sm_100 (16 measured slower)
 constexpr int kMinChunk = 4096;                      // below this, a cluster's barriers cost more than it saves
 constexpr int kChunkAlign = 8;                       // chunk starts stay 16-byte aligned for fp32 and bf16
 constexpr int kCandidateBytes = 8;                   // candidate = (uint32 key, int32 index)
 constexpr int kMaxPageCache = 1024;                  // block-table entries staged in shared memory (64K tokens)
-// Level 0 histograms the top key bits (sign, exponent, 2 mantissa bits), where real scores crowd
-// a few bins and same-address shared atomics of one warp serialize: lane l adds into copy
-// l % kLevel0Copies, and the copies are summed before the threshold search.
-constexpr int kLevel0Copies = 4;
-static_assert(32 % kLevel0Copies == 0, "copies split a warp's lanes evenly");
-// Layout: [level-0 copies 0..kLevel0Copies-1][second buffer]; levels alternate between copy 0
-// (even levels) and the second buffer (odd levels).
-constexpr int kOddLevelOffset = kLevel0Copies * kBins;
-constexpr int kHistBytes = (kLevel0Copies + 1) * kBins * 4;
+constexpr int kHistBytes = 2 * kBins * 4;            // double-buffered histogram (levels alternate)
 constexpr int kFixedDynamicSmem = kHistBytes + kMaxPageCache * 4;
 constexpr int kStaticSmemReserve = 1024;             // Scratch (checked below) within the per-block opt-in limit
 static_assert(kMaxPageCache % 4 == 0, "the region after the staged pages stays 16-byte aligned");
@@ -318,7 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
     return;  // uniform over the cluster (one cluster per row): no CTA waits on a barrier
   }
 
-  int* const hist = reinterpret_cast<int*>(smem);  // level l accumulates into hist + (l & 1) * kOddLevelOffset
+  int* const hist = reinterpret_cast<int*>(smem);  // level l accumulates into hist + (l & 1) * kBins
   int* staged_pages = reinterpret_cast<int*>(smem + kHistBytes);
   unsigned char* region = smem + kHistBytes + p.page_cache * 4;
   CacheKey* cache = reinterpret_cast<CacheKey*>(region);
@@ -338,7 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
     for (int i = threadIdx.x; i < page_count; i += kThreads) cp_async_4(staged_pages + i, table + first_page + i);
     pages.pages = staged_pages - first_page;
   }
-  for (int i = threadIdx.x; i < (kLevel0Copies + 1) * kBins; i += kThreads) hist[i] = 0;
+  for (int i = threadIdx.x; i < 2 * kBins; i += kThreads) hist[i] = 0;
   if (threadIdx.x == 0) {
     s.cluster_greater = 0;
     s.cluster_ties = 0;
@@ -351,21 +342,10 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
     visit_global<S>(scores, begin, end, [&](int i, uint32_t key, bool valid) {
       if (!valid) return;
       if (cache_it) cache[i - begin] = static_cast<CacheKey>(key);
-      // Copy (i / kVec) % kLevel0Copies: thread t loads vectors t + multiples of kThreads, so
-      // this is the lane's copy up to a rotation, and needs no register across the pass.
-      atomicAdd(&hist[((i / S::kVec) % kLevel0Copies) * kBins + L::digit(key, 0)], 1);
+      atomicAdd(&hist[L::digit(key, 0)], 1);
     });
   }
   cp_async_wait_all();
-  if (kLevel0Copies > 1) {
-    __syncthreads();
-    for (int b = threadIdx.x; b < kBins; b += kThreads) {
-      int sum = hist[b];
-#pragma unroll
-      for (int c = 1; c < kLevel0Copies; ++c) sum += hist[c * kBins + b];
-      hist[b] = sum;
-    }
-  }
 
   // Calls f(i, key, valid) for every element of the current source, uniformly across the block.
   auto visit_source = [&](auto&& f) {
@@ -390,7 +370,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
 
   for (int l = 0;; ++l) {
     cluster_barrier(cluster, cluster_size);
-    find_threshold(hist + (l & 1) * kOddLevelOffset, k_rem, cluster, cluster_size, s);
+    find_threshold(hist + (l & 1) * kBins, k_rem, cluster, cluster_size, s);
     greater_pending += s.above_local;
     k_rem -= s.above_total;
     mask |= L::digit_mask(l);
@@ -398,7 +378,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
     local_eq = s.count_local;
     if (s.count_total == k_rem || l + 1 == L::kCount) break;
 
-    int* next = hist + ((l + 1) & 1) * kOddLevelOffset;
+    int* next = hist + ((l + 1) & 1) * kBins;
     if (l >= 1) {  // its previous contents were last read by the cluster before this level's barrier
       for (int i = threadIdx.x; i < kBins; i += kThreads) next[i] = 0;
     }
@@ -474,12 +454,8 @@ DeviceInfo g_devices[kMaxDevices];
 
 template <class S>
 cudaError_t configure(int region_bytes) {
-  cudaError_t err = cudaFuncSetAttribute(topk_page_transform_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         kFixedDynamicSmem + region_bytes);
-  if (err == cudaSuccess && kMaxCluster > kMaxPortableCluster) {
-    err = cudaFuncSetAttribute(topk_page_transform_kernel<S>, cudaFuncAttributeNonPortableClusterSizeAllowed, 1);
-  }
-  return err;
+  return cudaFuncSetAttribute(topk_page_transform_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                              kFixedDynamicSmem + region_bytes);
 }
 
 template <class S>
@@ -495,7 +471,7 @@ int launch(const Params& p, int rows, cudaStream_t stream) {
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err != cudaSuccess) return err;
     // The key cache / candidate region takes what the per-block limit leaves (sm_90/sm_100:
-    // 227 KB -> 182 KB, 46K fp32 keys; sm_120: 99 KB -> 54 KB).
+    // 227 KB -> 206 KB, 52K fp32 keys; sm_120: 99 KB -> 78 KB).
     info.region_bytes = (optin - kFixedDynamicSmem - kStaticSmemReserve) / 16 * 16;
     err = configure<Fp32>(info.region_bytes);
     if (err == cudaSuccess) err = configure<Bf16>(info.region_bytes);
