@@ -315,8 +315,13 @@ def test_every_available_method_agrees_on_a_copy():
         used, samples = timing.measure(lambda: dst.copy_(src), m, iters=10, warmup=2, flusher=flusher)
         assert used == m
         medians[m] = statistics.median(samples)
-    best = min(medians.values())
-    assert all(v < 1.1 * best for v in medians.values()), medians
+    # The CUPTI-based methods read kernel time and agree; graph replay timed with events
+    # also counts the replay's launch, so it may read more, never less.
+    exact = {m: v for m, v in medians.items() if m != "cuda-graph"}
+    best = min(exact.values())
+    assert all(v < 1.1 * best for v in exact.values()), medians
+    if "cuda-graph" in medians:
+        assert 0.9 * best < medians["cuda-graph"] < 2 * best, medians
 
 
 @pytest.mark.gpu

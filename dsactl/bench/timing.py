@@ -193,16 +193,18 @@ def _measure_cupti(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> lis
     launch_kinds = {int(cupti.ActivityKind.RUNTIME), int(cupti.ActivityKind.DRIVER)}
     device_kinds = {int(cupti.ActivityKind.CONCURRENT_KERNEL), int(cupti.ActivityKind.MEMCPY),
                     int(cupti.ActivityKind.MEMSET)}
-    launches: list[tuple[int, int]] = []
-    activities: list[tuple[int, int]] = []
+    # Sets: a record delivered twice (seen on the H200 when CUPTI is enabled again in one
+    # process, which doubled a copy's time) must count once.
+    launches: set[tuple[int, int]] = set()
+    activities: set[tuple[int, int, int]] = set()
 
     def sink(records):
         for r in records:
             kind = int(r.kind)
             if kind in launch_kinds:
-                launches.append((r.start, r.correlation_id))
+                launches.add((r.start, r.correlation_id))
             elif kind in device_kinds:
-                activities.append((r.correlation_id, r.end - r.start))
+                activities.add((r.correlation_id, r.start, r.end))
 
     cupti.activity_register_callbacks(_cupti_requested, _cupti_completed)
     kinds = [cupti.ActivityKind.RUNTIME, cupti.ActivityKind.DRIVER, cupti.ActivityKind.CONCURRENT_KERNEL,
@@ -227,7 +229,7 @@ def _measure_cupti(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> lis
         for kind in enabled:
             cupti.activity_disable(kind)
         _cupti["sink"] = None
-    totals = sum_by_bracket(brackets, launches, activities)
+    totals = sum_by_bracket(brackets, sorted(launches), [(c, end - start) for c, start, end in activities])
     if not all(totals):
         raise _no_kernels("cupti")
     return [t / 1e3 for t in totals]
