@@ -243,3 +243,31 @@ def test_profile_a_shipped_kernel_on_this_gpu(tmp_path):
     k = pd.read_csv(tmp_path / "kernels.csv")
     assert set(k["solution"]) == {"dsactl-indexer"} and set(k["class"]) == {"scored"}
     assert k["tensor_flop"].max() > 0  # the FP8 scoring kernel runs on the tensor cores
+
+
+def test_reading_after_collection_runs_in_a_child_and_survives_its_crash(tmp_path, monkeypatch):
+    from dsactl.errors import DsactlError
+    from dsactl.profile import analyze_in_child
+
+    a = analyze_in_child([FIXTURE], tmp_path / "out", "dsactl profile --ncu roofline")
+    direct = analyze([FIXTURE], tmp_path / "direct", "dsactl profile --ncu roofline")
+    assert list(a.kernels["duration_us"]) == pytest.approx(list(direct.kernels["duration_us"]))
+    assert a.roofs == direct.roofs and a.device == direct.device
+    # A child killed by a signal (as ncu's own ncu_report did on the H200) becomes a clear error.
+    crash = tmp_path / "crash.py"
+    crash.write_text("import os, signal\nos.kill(os.getpid(), signal.SIGSEGV)\n")
+    monkeypatch.setattr(sys, "executable", str(tmp_path / "python"))
+    (tmp_path / "python").write_text(f"#!/bin/sh\nexec {sys.__dict__.get('_base_executable', 'python3')} {crash}\n")
+    (tmp_path / "python").chmod(0o755)
+    with pytest.raises(DsactlError, match=r"reading them failed \(signal 11\).*dsactl profile --import"):
+        analyze_in_child([FIXTURE], tmp_path / "out2", "x")
+
+
+def test_committed_h200_profiles_of_our_kernels_parse():
+    folder = Path(__file__).resolve().parents[1] / "profiles" / "h200" / "ncu-contest"
+    launches = report.load(sorted(folder.glob("*.ncu-rep")))
+    kernels = set(launches["kernel"])
+    assert {"indexer_score_kernel", "topk_page_transform_kernel", "_sparse_mla_combine_kernel"} <= kernels
+    score = launches[launches["kernel"] == "indexer_score_kernel"].iloc[0]
+    assert score["active_sms"] == score["sms"] == 132  # the score launch fills the H200
+    assert (launches["duration_us"] > 0).all() and (launches["tflops"] >= 0).all()

@@ -40,7 +40,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Profile solutions under Nsight Compute (or read reports) into roofline and utilisation tables and plots."""
         from dsactl.errors import DsactlError
-        from dsactl.profile import analyze
+        from dsactl.profile import analyze, analyze_in_child
 
         if (ncu is None) == (not reports):
             raise DsactlError("give either --ncu roofline (collect) or --import REPORT.ncu-rep (read)")
@@ -50,10 +50,10 @@ def register(app: typer.Typer) -> None:
                 from dsactl.profile import report
 
                 out = _default_out(report.device_name(reports[0]), reports[0].name.removesuffix(".ncu-rep"))
-            paths = list(reports)
+            _show(analyze(list(reports), out, command))
         else:
             paths, out = _collect(ncu, definition, solution, suite, dataset, tuple(workload or ()), seed, out)
-        _show(analyze(paths, out, command))
+            _show(analyze_in_child(paths, out, command))
 
 
 def _collect(ncu_set, definition, solution, suite, dataset, workloads, seed, out):

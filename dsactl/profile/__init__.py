@@ -44,3 +44,36 @@ def analyze(reports: list[Path], out_dir: Path, command: str, bench_cache: Path 
     plot.utilisation(classes, files[5], title)
     (out_dir / "command.txt").write_text(command + "\n")
     return Analysis(kernels, classes, roofs, device, files + [out_dir / "command.txt"])
+
+
+ROOFS_FILE = "roofs.json"
+
+
+def analyze_in_child(reports: list[Path], out_dir: Path, command: str) -> Analysis:
+    """analyze() in a fresh Python without torch, then the written tables read back.
+
+    Right after a collection the reports are read with the ncu_report module that
+    ships with ncu; on the H200 image loading it into a process that holds torch and
+    CUDA crashed (SIGSEGV) after the reports were written. A crash in the child
+    loses nothing: the error names the reports and how to read them elsewhere.
+    """
+    import json
+    import subprocess
+    import sys
+
+    import pandas as pd
+
+    from dsactl.errors import DsactlError
+    from dsactl.profile import plot
+
+    done = subprocess.run([sys.executable, "-m", "dsactl.profile.read", str(out_dir), command, *map(str, reports)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        why = f"signal {-done.returncode}" if done.returncode < 0 else done.stderr.strip().splitlines()[-1:] or "?"
+        imports = " ".join(f"--import {r}" for r in reports)
+        raise DsactlError(f"the reports were written ({', '.join(map(str, reports))}) but reading them failed ({why}); "
+                          f"read them where `pip install ncu-report` works: dsactl profile {imports}")
+    saved = json.loads((out_dir / ROOFS_FILE).read_text())
+    roofs = plot.Roofs(saved["dram_bytes_per_s"], tuple(map(tuple, saved["compute"])), saved["source"])
+    files = [out_dir / name for name in OUTPUTS] + [out_dir / "command.txt"]
+    return Analysis(pd.read_csv(files[0]), pd.read_csv(files[2]), roofs, saved["device"], files)
