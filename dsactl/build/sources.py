@@ -40,9 +40,9 @@ class CudaSource:
 
 
 def kernels_dir() -> Path:
-    import dsactl.kernels
+    from dsactl import kernels
 
-    return Path(dsactl.kernels.__file__).parent
+    return Path(kernels.__file__).parent
 
 
 def discover_cuda() -> list[CudaSource]:

@@ -139,6 +139,9 @@ def pack(definition: str, solution: str | None = None, name: str | None = None,
             raise DsactlError("no author: pass --author or set author in [tool.dsactl] of pyproject.toml")
     if name is None:
         prefix = defaults.get("name_prefix")
+        # A solution already named with the prefix (dsactl-topk) does not repeat it.
+        if prefix and chosen.name.startswith(prefix):
+            prefix = None
         name = "_".join(p for p in (prefix, chosen.name, definition) if p)
     data = build_bundle(chosen, definition, name, author)
     check_bundle(data)
