@@ -282,6 +282,35 @@ def test_a_failing_contender_is_reported_and_the_run_goes_on(monkeypatch):
     assert failed.name == "broken" and "illegal memory access" in failed.reason and failed.workload == "edge-topk-len65"
 
 
+def test_a_cut_off_bench_keeps_the_rows_of_finished_workloads(monkeypatch, tmp_path):
+    """The CSV is rewritten after each workload: a run killed by a time limit keeps what it measured."""
+    ids = ("edge-topk-len65", "edge-topk-len2049")
+
+    def bench_then_die(workloads_, settings, command, progress=None, on_ready=None, on_workload=None):
+        meta = {"command": command, "gpu": "Fake GPU", "sm_count": 1, "sm_clock_mhz": 1, "max_sm_clock_mhz": 1,
+                "driver": "x", "timing_method": "fake", "peaks": {"copy_gbps": 1.0, "bf16_tflops": 1.0},
+                "self_check": {"ok": True, "method": "fake", "nbytes": 2**20, "measured_us": 1.0, "expected_us": 1.0,
+                               "deviation": 0.0}}
+        on_ready(meta)
+
+        def dying(run_so_far):
+            on_workload(run_so_far)
+            raise TimeoutError("the time limit hits after the first workload")
+
+        return runner.run_bench(workloads_, settings, _fake_timer, device="cpu", meta=meta, on_workload=dying)
+
+    monkeypatch.setattr(runner, "bench", bench_then_die)
+    out = tmp_path / "b.csv"
+    r = CliRunner().invoke(app, ["bench", "--suite", "edge", "-d", TOPK_DEF, "-w", ids[0], "--csv", str(out),
+                                 "--json", str(tmp_path / "b.json"), "--iters", "2", "--trials", "1",
+                                 "-b", "torch-topk"])
+    assert isinstance(r.exception, TimeoutError)
+    kept = report.read_csv(out)
+    assert {x.workload for x in kept.results} == {ids[0]} and {x.solution for x in kept.results} >= {"torch-topk"}
+    assert kept.meta["complete"] == "1 of 1 workloads"
+    assert json.loads((tmp_path / "b.json").read_text())["meta"]["complete"] == "1 of 1 workloads"
+
+
 def test_bench_without_a_gpu_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")

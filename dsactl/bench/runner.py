@@ -139,8 +139,10 @@ def _rates(r: Result, peaks: Any) -> None:
 
 def run_bench(workloads: Sequence[Workload], settings: Settings, timer: Timer, *, device: str = "cuda",
               sm_count: int | None = None, peaks: Any = None, meta: dict[str, Any] | None = None,
-              progress: Callable[[str], None] | None = None) -> BenchRun:
-    """Time every contender on every workload; progress(text) is called once per (workload, trial)."""
+              progress: Callable[[str], None] | None = None,
+              on_workload: Callable[[BenchRun], None] | None = None) -> BenchRun:
+    """Time every contender on every workload; progress(text) is called once per (workload, trial),
+    on_workload(run so far) once per finished workload (so a cut-off run can keep its rows)."""
     run = BenchRun(meta=dict(meta or {}))
     by_definition: dict[str, list[Workload]] = {}
     for w in workloads:
@@ -157,6 +159,8 @@ def run_bench(workloads: Sequence[Workload], settings: Settings, timer: Timer, *
                 for r in rows:
                     r.speedup = reference.median_us / r.median_us
             run.results.extend(rows)
+            if on_workload:
+                on_workload(run)
     return run
 
 
@@ -239,7 +243,8 @@ def environment(command: str, method: str, settings: Settings, peaks: Any, self_
 
 def bench(workloads: Sequence[Workload], settings: Settings, command: str,
           progress: Callable[[str], None] | None = None,
-          on_ready: Callable[[dict[str, Any]], None] | None = None) -> BenchRun:
+          on_ready: Callable[[dict[str, Any]], None] | None = None,
+          on_workload: Callable[[BenchRun], None] | None = None) -> BenchRun:
     """The real run on this GPU: pick the timing method, load peaks, self-check, time.
     on_ready(meta) is called once the environment is known, before the long part."""
     import torch
@@ -263,4 +268,5 @@ def bench(workloads: Sequence[Workload], settings: Settings, command: str,
         return timing.measure(fn, method, iters, warmup, flusher)
 
     sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return run_bench(workloads, settings, timer, sm_count=sm_count, peaks=peaks, meta=meta, progress=progress)
+    return run_bench(workloads, settings, timer, sm_count=sm_count, peaks=peaks, meta=meta, progress=progress,
+                     on_workload=on_workload)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shlex
 import sys
+from pathlib import Path
 from typing import List, Optional
 
 import typer
@@ -76,7 +77,17 @@ def register(app: typer.Typer) -> None:
                                    solutions=solution or None)
         old = report.read_csv(compare_path) if compare_path else None
 
+        save = not no_save or csv_path or json_path
+        paths: dict[str, Path] = {}
+
         def ready(meta) -> None:
+            if save:
+                default_csv, default_json = report.default_paths(
+                    meta["gpu"], report.default_stem(dataset or suite, definition, solution or None))
+                if csv_path or not no_save:
+                    paths["csv"] = Path(csv_path or default_csv)
+                if json_path or not no_save:
+                    paths["json"] = Path(json_path or default_json)
             console.print(f"GPU {meta['gpu']} ({meta['sm_count']} SMs, SM clock {meta['sm_clock_mhz']}/"
                           f"{meta['max_sm_clock_mhz']} MHz, driver {meta['driver']}); timing: {meta['timing_method']}, "
                           f"{warmup} warmup + {iters} iterations x {trials} trials, cold L2")
@@ -100,7 +111,13 @@ def register(app: typer.Typer) -> None:
                 bar.update(task, completed=started[0], description=text)
                 started[0] += 1
 
-            run = runner.bench(selected, settings, _command_line(), progress=advance, on_ready=ready)
+            def keep(partial) -> None:  # rewrite the files as each workload finishes: a cut-off run keeps its rows
+                partial.meta["complete"] = f"{len({r.workload for r in partial.results})} of {len(selected)} workloads"
+                _save(partial, paths)
+
+            run = runner.bench(selected, settings, _command_line(), progress=advance, on_ready=ready,
+                               on_workload=keep)
+            run.meta.pop("complete", None)
 
         if run.results:
             console.print(report.results_table(run.results))
@@ -109,13 +126,8 @@ def register(app: typer.Typer) -> None:
         if run.skipped:
             console.print(report.skipped_table(run.skipped))
 
-        if not no_save or csv_path or json_path:
-            default_csv, default_json = report.default_paths(
-                run.meta["gpu"], report.default_stem(dataset or suite, definition, solution or None))
-            if csv_path or not no_save:
-                console.print(f"wrote {report.write_csv(csv_path or default_csv, run)}")
-            if json_path or not no_save:
-                console.print(f"wrote {report.write_json(json_path or default_json, run)}")
+        for written in _save(run, paths):
+            console.print(f"wrote {written}")
         if plot_dir:
             for path in plot.plot(run.results, plot_dir):
                 console.print(f"wrote {path}")
@@ -130,3 +142,14 @@ def register(app: typer.Typer) -> None:
             console.print(f"[bold red]{len(failed)} solution run(s) failed (see skipped)[/]")
         if regressed or failed:
             raise typer.Exit(EXIT_REGRESSION)
+
+
+def _save(run, paths: dict) -> list:
+    from dsactl.bench import report
+
+    written = []
+    if "csv" in paths:
+        written.append(report.write_csv(paths["csv"], run))
+    if "json" in paths:
+        written.append(report.write_json(paths["json"], run))
+    return written
