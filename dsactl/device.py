@@ -6,6 +6,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass, field
+from pathlib import Path
 
 
 @dataclass
@@ -34,6 +35,18 @@ class MachineInfo:
     gpu_problem: str | None = None  # why no GPU is visible
     tools: list[ToolInfo] = field(default_factory=list)
     nvcc_archs: list[str] = field(default_factory=list)
+
+
+def gpu_slug(name: str) -> str:
+    """Folder name for a GPU model under profiles/: 'NVIDIA H200' -> 'h200'."""
+    return re.sub(r"[^a-z0-9]+", "-", name.lower().removeprefix("nvidia").strip()).strip("-") or "gpu"
+
+
+def profiles_dir(gpu_name: str) -> Path:
+    """profiles/<gpu>/ of the source checkout when running from one, else under the working directory."""
+    repo = Path(__file__).resolve().parents[1]
+    root = repo if (repo / "pyproject.toml").is_file() else Path.cwd()
+    return root / "profiles" / gpu_slug(gpu_name)
 
 
 def _run(cmd: list[str]) -> str | None:

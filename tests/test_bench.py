@@ -145,7 +145,7 @@ def test_a_csv_that_is_not_from_bench_is_refused(tmp_path):
 
 def test_default_paths_are_per_gpu_under_profiles():
     csv_path, json_path = report.default_paths("NVIDIA H200", report.default_stem("contest", None, None))
-    assert csv_path.parent.name == "nvidia-h200" and csv_path.parent.parent.name == "profiles"
+    assert csv_path.parent.name == "h200" and csv_path.parent.parent.name == "profiles"
     assert csv_path.name == "bench-contest.csv" and json_path.name == "bench-contest.json"
     assert report.default_stem("/data/ds", "dsa_topk_*", ["a"]) == "bench-ds-dsa_topk_-a"
 

@@ -20,7 +20,8 @@ from typer.testing import CliRunner
 
 from dsactl.cli import app
 from dsactl.errors import DsactlError
-from dsactl.profile import OUTPUTS, analyze, collect, gpu_slug, plot, report, worker
+from dsactl.device import gpu_slug
+from dsactl.profile import OUTPUTS, analyze, collect, plot, report, worker
 
 pytest.importorskip("ncu_report")
 

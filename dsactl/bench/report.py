@@ -32,17 +32,6 @@ _LIST = {"trial_medians_us"}
 LIST_SEPARATOR = ";"
 
 
-def gpu_slug(name: str) -> str:
-    """'NVIDIA H200' -> 'nvidia-h200': a folder name per GPU model."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "unknown-gpu"
-
-
-def profiles_root() -> Path:
-    """<repo>/profiles in a source checkout, else ./profiles."""
-    repo = Path(__file__).resolve().parents[2]
-    return (repo if (repo / "pyproject.toml").is_file() else Path.cwd()) / "profiles"
-
-
 def default_stem(source: str, definition: str | None, solutions: list[str] | None) -> str:
     parts = ["bench", Path(source).stem if "/" in source or "." in source else source]
     if definition:
@@ -53,7 +42,9 @@ def default_stem(source: str, definition: str | None, solutions: list[str] | Non
 
 
 def default_paths(gpu: str, stem: str) -> tuple[Path, Path]:
-    folder = profiles_root() / gpu_slug(gpu)
+    from dsactl.device import profiles_dir
+
+    folder = profiles_dir(gpu)
     return folder / f"{stem}.csv", folder / f"{stem}.json"
 
 

@@ -19,9 +19,9 @@ KERNEL_SHOWN = ("workload", "class", "kernel", "duration_us", "grid", "block", "
 
 
 def _default_out(gpu_name: str, what: str) -> Path:
-    from dsactl.profile import gpu_slug
+    from dsactl.device import profiles_dir
 
-    return Path("profiles") / gpu_slug(gpu_name) / f"ncu-{what}"
+    return profiles_dir(gpu_name) / f"ncu-{what}"
 
 
 def register(app: typer.Typer) -> None:

@@ -3,16 +3,10 @@ tables (report), chart them (plot); analyze() turns reports into the written out
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 OUTPUTS = ("kernels.csv", "kernels.md", "classes.csv", "classes.md", "roofline.png", "utilisation.png")
-
-
-def gpu_slug(name: str) -> str:
-    """Folder name for a GPU under profiles/: 'NVIDIA H200' -> 'h200'."""
-    return re.sub(r"[^a-z0-9]+", "-", name.lower().removeprefix("nvidia").strip()).strip("-") or "gpu"
 
 
 @dataclass
