@@ -1,28 +1,23 @@
 """Lightning indexer: scoring kernel, passthrough mapping, the complete solution, the torch baseline.
 
-Without a GPU the Triton kernels run under the interpreter (TRITON_INTERPRET must be set
-before the kernels are decorated, i.e. before their modules are imported).
+Without a GPU the Triton kernels run under the interpreter (tests/conftest.py sets
+TRITON_INTERPRET before any kernel module is imported).
 """
-
-import os
 
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-from dsactl.definitions import get  # noqa: E402
-from dsactl.errors import DsactlError  # noqa: E402
-from dsactl.fp8 import PAGE_SIZE, dequantize_index_k, quantize_index_k  # noqa: E402
-from dsactl.harness import INT_POISON  # noqa: E402
-from dsactl.kernels.indexer.passthrough import passthrough  # noqa: E402
-from dsactl.kernels.indexer.score import H200_SMS, PROGRAMS_PER_SM, choose_config, score  # noqa: E402
-from dsactl.kernels.indexer import solution  # noqa: E402
-from dsactl.kernels.indexer.solution import dsa_topk_indexer  # noqa: E402
-from dsactl.kernels.indexer.torch_baseline import dsa_topk_indexer_torch  # noqa: E402
-from dsactl.kernels.topk import torch_baseline as topk_torch  # noqa: E402
-from dsactl.workloads import Workload, make_inputs, suite  # noqa: E402
+from dsactl.definitions import get
+from dsactl.errors import DsactlError
+from dsactl.fp8 import PAGE_SIZE, dequantize_index_k
+from dsactl.harness import INT_POISON
+from dsactl.kernels.indexer.passthrough import passthrough
+from dsactl.kernels.indexer.score import H200_SMS, PROGRAMS_PER_SM, choose_config, score
+from dsactl.kernels.indexer import solution
+from dsactl.kernels.indexer.solution import dsa_topk_indexer
+from dsactl.kernels.indexer.torch_baseline import dsa_topk_indexer_torch
+from dsactl.kernels.topk import torch_baseline as topk_torch
+from dsactl.workloads import Workload, make_inputs, suite
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 ATOL = RTOL = 1e-2  # the contest's rule (DESIGN.md section 2)
