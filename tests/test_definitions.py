@@ -6,7 +6,7 @@ import torch
 from dsactl import definitions
 from dsactl.definitions import attention, indexer, topk
 from dsactl.errors import DsactlError
-from dsactl.fp8 import dequantize_index_k, quantize_index_k, quantize_mla_kv
+from dsactl.fp8 import dequantize_index_k, quantize_index_k
 from dsactl.workloads import Workload, make_inputs
 
 CONTEST_SM_SCALE = 0.1352337788608801
