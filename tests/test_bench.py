@@ -326,22 +326,28 @@ def test_copy_self_check_lands_within_10_percent(tmp_path):
 
     flusher = timing.L2Flusher()
     p = peaks.load_or_measure(tmp_path / "peaks.json")
-    assert p.copy_gbps > 100 and p.bf16_tflops > 10
-    assert json.loads((tmp_path / "peaks.json").read_text())[p.gpu]["copy_gbps"] == p.copy_gbps
-    check = peaks.copy_self_check(timing.pick_method(), p, flusher)
+    assert p.copy_gbps > 100 and p.bf16_tflops > 10 and p.kernel_copy_gbps > 100
+    assert json.loads((tmp_path / "peaks.json").read_text())[p.gpu]["kernel_copy_gbps"] == p.kernel_copy_gbps
+    method = timing.pick_method()
+    check = peaks.copy_self_check(method, p, flusher)
     assert check.ok, check.describe()
+    if "torch-profiler" in timing.available_methods():
+        # torch.profiler halves the speed of later device-to-device memcpys in the process;
+        # the self-check's copy kernel must not care.
+        timing.measure(peaks.copy_kernel(2**20), "torch-profiler", iters=2, warmup=1, flusher=flusher)
+        again = peaks.copy_self_check(method, p, flusher)
+        assert again.ok, again.describe()
 
 
 @pytest.mark.gpu
 def test_every_available_method_agrees_on_a_copy():
-    from dsactl.bench.peaks import SELF_CHECK_BYTES
+    from dsactl.bench.peaks import SELF_CHECK_BYTES, copy_kernel
 
     flusher = timing.L2Flusher()
-    src = torch.empty(SELF_CHECK_BYTES, dtype=torch.uint8, device="cuda")
-    dst = torch.empty_like(src)
+    copy = copy_kernel(SELF_CHECK_BYTES)
     medians = {}
     for m in timing.available_methods():
-        used, samples = timing.measure(lambda: dst.copy_(src), m, iters=10, warmup=2, flusher=flusher)
+        used, samples = timing.measure(copy, m, iters=10, warmup=2, flusher=flusher)
         assert used == m
         medians[m] = statistics.median(samples)
     # The CUPTI-based methods read kernel time and agree; graph replay timed with events
@@ -350,7 +356,7 @@ def test_every_available_method_agrees_on_a_copy():
     best = min(exact.values())
     assert all(v < 1.1 * best for v in exact.values()), medians
     if "cuda-graph" in medians:
-        assert 0.9 * best < medians["cuda-graph"] < 2 * best, medians
+        assert 0.9 * best < medians["cuda-graph"] < 1.5 * best, medians
 
 
 @pytest.mark.gpu

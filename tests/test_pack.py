@@ -114,7 +114,7 @@ def ref_bundle(ref_solution):
 
 
 def _tiny_call(seed=0):
-    w = workloads.select("edge", workload_id=TINY_WORKLOAD)[0]
+    w = workloads.select("edge", workload_ids=[TINY_WORKLOAD])[0]
     return harness.prepare(w, "cpu", seed)
 
 

@@ -200,7 +200,7 @@ def test_range_names_round_trip():
 def test_plan_pairs_solutions_with_the_workloads_they_serve():
     (t,) = collect.plan(collect.Selection(solution="torch-indexer", workloads=("contest-indexer-000",)))
     assert t.solution.name == "torch-indexer" and [w.uuid for w in t.workloads] == ["contest-indexer-000"]
-    with pytest.raises(DsactlError, match="no workload nope"):
+    with pytest.raises(DsactlError, match="no workload 'nope'"):
         collect.plan(collect.Selection(workloads=("nope",)))
     with pytest.raises(DsactlError, match="serves none"):
         collect.plan(collect.Selection(solution="torch-indexer", workloads=("contest-attention-000",)))

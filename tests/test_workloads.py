@@ -63,11 +63,15 @@ def test_attention_patterns():
 
 def test_select_filters_and_errors():
     assert all(w.definition == CONTEST_ATTENTION for w in workloads.select("contest", definition=CONTEST_ATTENTION))
-    assert len(workloads.select("contest", workload_id="contest-attention-003")) == 1
+    assert len(workloads.select("contest", workload_ids=["contest-attention-003"])) == 1
+    two = workloads.select("contest", workload_ids=["contest-indexer-070", "contest-indexer-000"])
+    assert [w.uuid for w in two] == ["contest-indexer-000", "contest-indexer-070"]  # suite order
+    with pytest.raises(DsactlError, match="'missing' in contest for definition"):
+        workloads.select("contest", definition=CONTEST_ATTENTION, workload_ids=["contest-attention-003", "missing"])
     with pytest.raises(DsactlError, match="unknown suite"):
         workloads.select("nope")
     with pytest.raises(DsactlError, match="no workload"):
-        workloads.select("contest", workload_id="missing")
+        workloads.select("contest", workload_ids=["missing"])
 
 
 def _write_dataset(root, inputs_line):

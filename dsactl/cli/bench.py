@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
                                                      help="Only these registered solutions (repeatable)."),
         suite: str = typer.Option("contest", "--suite", help="Embedded suite: contest, scale, edge or all."),
         dataset: Optional[str] = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder instead."),
-        workload: Optional[str] = typer.Option(None, "--workload", "-w", help="Only this workload uuid."),
+        workload: list[str] = typer.Option(None, "--workload", "-w", help="Only this workload uuid; repeatable."),
         baseline: Optional[List[str]] = typer.Option(
             None, "--baseline", "-b",
             help="Baselines to time besides the reference (repeatable): a baseline solution, flashinfer, "
@@ -71,7 +71,7 @@ def register(app: typer.Typer) -> None:
         from dsactl import workloads as wl
         from dsactl.bench import compare, plot, report, runner
 
-        selected = wl.select(suite, dataset, definition, workload)
+        selected = wl.select(suite, dataset, definition, workload or ())
         settings = runner.Settings(warmup=warmup, iters=iters, trials=trials, method=method,
                                    include_reference=not no_reference, baselines=baseline or None,
                                    solutions=solution or None)

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         solution: str = typer.Option(None, "--solution", help="Only this solution (default: every shipped one)."),
         suite: str = typer.Option(None, "--suite", help="Workload suite: contest (default), scale, edge, all."),
         dataset: str = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder instead of a suite."),
-        workload: list[str] = typer.Option(None, "--workload", help="Only this workload id; repeatable."),
+        workload: list[str] = typer.Option(None, "--workload", "-w", help="Only this workload id; repeatable."),
         seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs."),
         out: Path = typer.Option(None, "-o", "--out", help="Output folder (default profiles/<gpu>/ncu-<what>)."),
     ) -> None:

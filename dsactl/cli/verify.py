@@ -52,8 +52,8 @@ def _selection(definition, solution_names, suite, dataset, bundle, workload, qui
         args += ["--solution", name]
     if bundle:
         args += ["--bundle", str(bundle)]
-    if workload:
-        args += ["--workload", workload]
+    for w in workload:
+        args += ["--workload", w]
     if quick:
         args.append("--quick")
     return args
@@ -121,7 +121,7 @@ def register(app: typer.Typer) -> None:
         dataset: Optional[Path] = typer.Option(None, "--dataset", help="flashinfer-bench dataset folder "
                                                                        "(replaces --suite)."),
         bundle: Optional[Path] = typer.Option(None, "--bundle", help="Solution JSON bundle (dsactl pack) to verify."),
-        workload: Optional[str] = typer.Option(None, "--workload", "-w", help="Only this workload (uuid)."),
+        workload: list[str] = typer.Option(None, "--workload", "-w", help="Only this workload (uuid); repeatable."),
         quick: bool = typer.Option(False, "--quick", help="A few small workloads per definition "
                                                           "(always on without a GPU, unless --workload)."),
         trials: int = typer.Option(3, "--trials", min=1,
@@ -159,11 +159,12 @@ def register(app: typer.Typer) -> None:
         from dsactl.verify import rules, runner
 
         names = list(solution or [])
+        workload = list(workload or ())
         chosen = wl.select(suite, str(dataset) if dataset else None, definition, workload)
         cands, explicit = _candidates(names, bundle, {w.definition for w in chosen})
         if explicit:
             chosen = [w for w in chosen if any(c.serves(w.definition) for c in cands)]
-        use_quick = quick or (not gpu and workload is None)
+        use_quick = quick or (not gpu and not workload)
         if use_quick:
             chosen = runner.quick(chosen)
 

@@ -94,13 +94,7 @@ def plan(selection: Selection) -> list[Target]:
     """(solution, its workloads) pairs: the named solution, else every shipped one serving a workload."""
     from dsactl import solutions, workloads
 
-    ws = workloads.select(selection.suite, selection.dataset, selection.definition)
-    if selection.workloads:
-        missing = set(selection.workloads) - {w.uuid for w in ws}
-        if missing:
-            raise DsactlError(f"no workload {', '.join(sorted(missing))} among the selected ones "
-                              f"(suite {selection.suite or 'contest'})")
-        ws = [w for w in ws if w.uuid in selection.workloads]
+    ws = workloads.select(selection.suite, selection.dataset, selection.definition, selection.workloads)
     if selection.solution:
         chosen = [solutions.get(selection.solution)]
     else:

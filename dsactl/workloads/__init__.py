@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Sequence
 
 from dsactl.workloads.dataset import load_dataset, make_dataset_inputs
 from dsactl.workloads.generate import make_generated_inputs
@@ -20,8 +20,9 @@ def make_inputs(workload: Workload, device="cuda", seed: int = 0) -> dict[str, A
 
 
 def select(suite_name: str | None = None, dataset: str | None = None, definition: str | None = None,
-           workload_id: str | None = None) -> list[Workload]:
-    """The workloads a command iterates over: one suite or a dataset, filtered."""
+           workload_ids: Sequence[str] = ()) -> list[Workload]:
+    """The workloads a command iterates over: one suite or a dataset, filtered by definition
+    pattern and, when given, by workload ids (in the suite's order; an unknown id is an error)."""
     from fnmatch import fnmatch
 
     from dsactl.errors import DsactlError
@@ -29,10 +30,13 @@ def select(suite_name: str | None = None, dataset: str | None = None, definition
     workloads = load_dataset(dataset) if dataset else suite(suite_name or "contest")
     if definition:
         workloads = [w for w in workloads if fnmatch(w.definition, definition)]
-    if workload_id:
-        workloads = [w for w in workloads if w.uuid == workload_id]
-        if not workloads:
-            raise DsactlError(f"no workload {workload_id!r} in {dataset or suite_name or 'contest'}")
+    if workload_ids:
+        known = {w.uuid for w in workloads}
+        missing = [i for i in workload_ids if i not in known]
+        if missing:
+            raise DsactlError(f"no workload {', '.join(map(repr, missing))} in {dataset or suite_name or 'contest'}"
+                              + (f" for definition {definition!r}" if definition else ""))
+        workloads = [w for w in workloads if w.uuid in set(workload_ids)]
     if not workloads:
         raise DsactlError("no workload matches the given suite/dataset and definition")
     return workloads
