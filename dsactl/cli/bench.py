@@ -98,7 +98,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"peaks: copy {peaks['copy_gbps']:.0f} GB/s, bf16 matmul {peaks['bf16_tflops']:.0f} TFLOP/s")
             check = meta["self_check"]
             style = "green" if check["ok"] else "bold red"
-            console.print(f"[{style}]timing self-check ({check['method']}): copy of {check['nbytes'] / 2**20:.0f} MiB "
+            console.print(f"[{style}]timing self-check ({check['method']}): copy kernel over {check['nbytes'] / 2**20:.0f} MiB "
                           f"took {check['measured_us']:.1f} us, expected {check['expected_us']:.1f} us "
                           f"({check['deviation']:+.1%}){'' if check['ok'] else ': latencies are suspect'}[/]")
 

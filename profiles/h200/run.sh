@@ -2,14 +2,16 @@
 # The H200 session that produced everything under profiles/h200/.
 # Run from the repository root on the GPU machine (no install needed: the
 # checkout imports as is, with the image's torch/triton):
-#   bash profiles/h200/run.sh check OUTDIR   # doctor, GPU tests, verify contest + edge
-#   bash profiles/h200/run.sh perf  OUTDIR   # contest bench, ncu profiles, top-k scale bench
+#   bash profiles/h200/run.sh check OUTDIR   # doctor, GPU tests, verify contest/edge/scale, sanitizer, bundles
+#   bash profiles/h200/run.sh perf  OUTDIR   # benches (contest + scale), ncu profiles (contest + largest scale)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
+# Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
 MODE=${1:?usage: run.sh check|perf OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
+LOGS=$(mktemp -d)
 mkdir -p "$OUT" "$P"
 export PYTHONUNBUFFERED=1 COLUMNS=200
 DSACTL="python3 -m dsactl"
@@ -18,31 +20,49 @@ if ls .carry/cupti_python-*.whl >/dev/null 2>&1; then
     export PYTHONPATH=/tmp/cupti${PYTHONPATH:+:$PYTHONPATH}
 fi
 
-step() {  # step NAME SECONDS CMD...: run with a time limit, log to $OUT/NAME.log
+step() {  # step NAME SECONDS CMD...: run with a time limit, log to profiles/h200/logs-MODE-NAME.txt
   local name=$1 limit=$2; shift 2
   local t0=$SECONDS
-  timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+  timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
-  printf '%-18s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$(grep -v '^\s*$' "$OUT/$name.log" | tail -1 | cut -c1-150)"
-  cp "$OUT/$name.log" "$P/logs-$MODE-$name.txt"
+  printf '%-24s rc=%-3s %4ss  %s\n' "$name" "$rc" "$((SECONDS - t0))" "$(grep -v '^\s*$' "$LOGS/$name.log" | tail -1 | cut -c1-140)"
+  cp "$LOGS/$name.log" "$P/logs-$MODE-$name.txt"
   tar czf "$OUT/results-$MODE.tgz" "$P" 2>/dev/null  # refreshed per step: a cut-off run still returns what it made
 }
 
 if [ "$MODE" = check ]; then
-  step doctor 60 $DSACTL doctor --json "$P/doctor.json"
-  cp "$OUT/doctor.log" "$P/doctor.txt"
-  step pytest-gpu 220 python3 -m pytest -q -m gpu -p no:cacheprovider tests
-  step verify-contest 100 $DSACTL verify --suite contest --trials 1 --json "$P/verify-contest.json"
+  step doctor 30 $DSACTL doctor --json "$P/doctor.json"
+  cp "$LOGS/doctor.log" "$P/doctor.txt"
+  step pytest-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  step verify-contest 90 $DSACTL verify --suite contest --trials 1 --json "$P/verify-contest.json"
   step verify-edge 60 $DSACTL verify --suite edge --trials 1 --json "$P/verify-edge.json"
+  step verify-scale 100 $DSACTL verify --suite scale --trials 1 --json "$P/verify-scale.json"
+  # One workload per kernel under memcheck + racecheck (the sanitizer multiplies run time ~100x).
+  step verify-sanitize 100 $DSACTL verify --suite all --trials 1 --sanitize --json "$P/verify-sanitize.json" \
+    -w contest-indexer-070 -w contest-attention-001 -w scale-attention-h64-t8-fp8 -w scale-topk-r8-len32768-bf16
+  # Each bundle is unpacked by verify --bundle into an empty temporary folder outside the repository.
+  mkdir -p "$P/pack"
+  for d in dsa_topk_indexer_fp8_h64_d128_topk2048_ps64 dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64 \
+           dsa_topk_page_transform_topk2048_ps64; do
+    suite=contest; [ "${d#dsa_topk_page}" != "$d" ] && suite=edge
+    step "pack-$d" 20 $DSACTL pack -d "$d" -o "$LOGS/$d.json"
+    step "bundle-$d" 60 $DSACTL verify --bundle "$LOGS/$d.json" --suite "$suite" --trials 1 --json "$P/pack/verify-$d.json"
+  done
 else
-  step pytest-bench 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bench.py
-  step bench-contest-attention 120 $DSACTL bench --suite contest -d 'dsa_sparse_attention*' \
+  step bench-contest-attention 60 $DSACTL bench --suite contest -d 'dsa_sparse_attention*' --trials 2 --iters 20 \
     --csv "$P/bench-contest-attention.csv" --plot "$P/plots-contest-attention"
-  step bench-contest-indexer 230 $DSACTL bench --suite contest -d 'dsa_topk_indexer*' \
+  step bench-contest-indexer 150 $DSACTL bench --suite contest -d 'dsa_topk_indexer*' --trials 1 --iters 20 \
     --csv "$P/bench-contest-indexer.csv" --plot "$P/plots-contest-indexer"
-  step profile-contest 80 $DSACTL profile --ncu roofline --suite contest \
-    --workload contest-indexer-100 --workload contest-attention-001 -o "$P/ncu-contest"
-  step bench-scale-topk 60 $DSACTL bench --suite scale -d 'dsa_topk_page_transform*' --no-reference --trials 1 \
+  step bench-scale-topk 70 $DSACTL bench --suite scale -d 'dsa_topk_page_transform*' --no-reference --trials 1 \
     --iters 20 --csv "$P/bench-scale-topk.csv" --plot "$P/plots-scale-topk"
+  step bench-scale-indexer 50 $DSACTL bench --suite scale -d 'dsa_topk_indexer*' --no-reference --trials 1 \
+    --iters 10 --csv "$P/bench-scale-indexer.csv" --plot "$P/plots-scale-indexer"
+  step bench-scale-attention 60 $DSACTL bench --suite scale -d 'dsa_sparse_attention*' --no-reference --trials 1 \
+    --iters 10 --csv "$P/bench-scale-attention.csv" --plot "$P/plots-scale-attention"
+  step profile-contest 60 $DSACTL profile --ncu roofline --suite contest \
+    -w contest-indexer-000 -w contest-indexer-100 -w contest-attention-001 -o "$P/ncu-contest"
+  step profile-scale 90 $DSACTL profile --ncu roofline --suite scale -w scale-indexer-b128-ctx131072 \
+    -w scale-topk-r128-len131072-bf16 -w scale-topk-r1-len5824-bf16 -w scale-attention-h128-t256-fp8 \
+    -w scale-attention-h128-t128-bf16 -o "$P/ncu-scale"
 fi
 tar czf "$OUT/results-$MODE.tgz" "$P" build/sm90a/report.json 2>/dev/null
