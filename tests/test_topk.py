@@ -17,8 +17,8 @@ from dsactl.definitions.topk import rank_key
 from dsactl.errors import DsactlError
 from dsactl.fp8 import PAGE_SIZE
 from dsactl.harness import INT_POISON
-from dsactl.kernels.topk.launcher import MAX_TOPK, dsa_topk_page_transform, topk_page_transform
-from dsactl.kernels.topk.model import BINS, levels, radix_keys, topk_page_transform_model
+from dsactl.kernels.topk.launcher import MAX_TOPK, dsa_topk_page_transform, launch_plan, topk_page_transform
+from dsactl.kernels.topk.model import BINS, ROW_MAX_LEN, levels, radix_keys, topk_page_transform_model
 
 TOPK = 2048
 CROWD = 20_000  # values sharing one radix bin (the issue's adversarial case)
@@ -26,6 +26,9 @@ PATTERNS = ("random", "all_equal", "two_values", "coarse_bin", "fine_bin", "asce
             "neg_inf_tail", "nan")
 CPU_LENGTHS = (1, 63, 64, 2047, 2048, 2049, 5824, 6145, 65536)
 GPU_LENGTHS = CPU_LENGTHS + (131072, 1_048_576)
+# Rows of max_len <= ROW_MAX_LEN run the register-resident kernel (8 or 16 keys per thread).
+ROW_LENGTHS = {4096: (1, 63, 64, 2047, 2048, 2049, 3001, 4095, 4096),
+               ROW_MAX_LEN: (1, 64, 2048, 2049, 4097, 5824, 6145, 8191, ROW_MAX_LEN)}
 DTYPES = (torch.float32, torch.bfloat16)
 
 
@@ -144,7 +147,8 @@ def test_levels_cover_every_key_bit_once():
 # (cluster_size, region_bytes): the kernel's paths. 206 KB is the H200's region: rows up to 52K
 # fp32 keys are cached, 65536 is not (compaction); 4 KB forces compaction per chunk and, with
 # CROWD values in one bin, the overflow fallback over global memory.
-MODEL_CONFIGS = {"one-cta": (1, 206 * 1024), "cluster4": (4, 206 * 1024), "small-region": (2, 4096)}
+MODEL_CONFIGS = {"one-cta": (1, 206 * 1024), "cluster4": (4, 206 * 1024), "cluster16": (16, 206 * 1024),
+                 "small-region": (2, 4096)}
 
 
 @pytest.mark.parametrize("config", MODEL_CONFIGS)
@@ -156,6 +160,18 @@ def test_model_matches_reference(dtype, pattern, config):
     out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
                                     TOPK, cluster_size, region_bytes)
     assert_same_topk(out, reference(case, TOPK), case, TOPK, f"{pattern}/{config}")
+
+
+@pytest.mark.parametrize("max_len", ROW_LENGTHS)
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_model_row_kernel_matches_reference(dtype, pattern, max_len):
+    case = make_case(ROW_LENGTHS[max_len], dtype, pattern, seed=max_len + len(pattern))
+    trace: list[str] = []
+    out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                    TOPK, trace=trace)
+    assert trace == [f"row-kernel max_len={max_len}"], trace
+    assert_same_topk(out, reference(case, TOPK), case, TOPK, f"{pattern}/row")
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -208,7 +224,9 @@ def test_kernel_compiles_without_spills(arch, tmp_path):
                            str(find_cuda("topk").path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     kernels = ptxas.parse(proc.stdout + proc.stderr)
-    assert len(kernels) == 2, kernels  # fp32 and bf16
+    names = " ".join(k.name for k in kernels)
+    for kernel in ("topk_page_transform_kernel", "topk_row_kernel"):  # each for fp32 and bf16
+        assert names.count(f"{kernel}INS_4Fp32E") >= 1 and names.count(f"{kernel}INS_4Bf16E") >= 1, names
     for k in kernels:
         assert (k.stack_frame, k.spill_stores, k.spill_loads) == (0, 0, 0), k
 
@@ -250,6 +268,30 @@ def test_kernel_patterns_all_lengths(dtype, pattern):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("max_len", ROW_LENGTHS)
+@pytest.mark.parametrize("pattern", PATTERNS)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_row_kernel_patterns(dtype, pattern, max_len):
+    case = make_case(ROW_LENGTHS[max_len], dtype, pattern, rows_per_request=2, seed=max_len, device="cuda")
+    ref = reference(case, TOPK)
+    for repeat in range(3):
+        assert_same_topk(run_kernel(case, TOPK), ref, case, TOPK, f"{pattern} call {repeat}")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("rows", (1, 13, 128, 300))
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("pattern", ("random", "two_values", "nan"))
+def test_row_kernel_row_counts(rows, dtype, pattern):
+    # Contest-like batches (lengths 1..5824, most rows selecting) and more rows than SMs.
+    g = torch.Generator().manual_seed(rows)
+    lengths = torch.randint(1, 5825, (rows,), generator=g).tolist()
+    lengths[0] = 5824
+    case = make_case(lengths, dtype, pattern, seed=rows, device="cuda")
+    assert_same_topk(run_kernel(case, TOPK), reference(case, TOPK), case, TOPK, f"{rows} rows")
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("rows", (1, 7, 31, 128))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pattern", ("random", "coarse_bin", "nan"))
@@ -264,33 +306,62 @@ def test_kernel_row_counts(rows, dtype, pattern):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("length", (131072, 1_048_576))
+@pytest.mark.parametrize("pattern", ("random", "coarse_bin", "all_equal", "nan"))
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kernel_single_long_row(dtype, pattern, length):
+    # One row: the largest cluster (8 CTAs), cached at 131072, compacted or overflowing at 1M.
+    case = make_case([length], dtype, pattern, seed=length % 1000, device="cuda")
+    assert_same_topk(run_kernel(case, TOPK), reference(case, TOPK), case, TOPK)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_launch_plan(dtype):
+    for rows in (1, 8, 32, 128):
+        assert launch_plan(dtype, rows, 2049) == 0 and launch_plan(dtype, rows, ROW_MAX_LEN) == 0
+    sizes = [launch_plan(dtype, rows, 131072) for rows in (1, 2, 8, 32, 64, 128, 1000)]
+    assert all(s in (1, 2, 4, 8) for s in sizes) and sizes == sorted(sizes, reverse=True), sizes
+    assert sizes[0] > 1 and sizes[-1] == 1, sizes  # one row spreads over a cluster; many rows, one CTA each
+    assert launch_plan(dtype, 1, ROW_MAX_LEN + 1) == 1  # below 2 x kMinChunk a row stays on one CTA
+    with pytest.raises(DsactlError, match="dtype"):
+        launch_plan(torch.float16, 1, 100)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("topk", (1, 100, 512, 1024))
-def test_kernel_other_k(topk):
-    case = make_case([1, topk, topk + 1, 3000, 70000], torch.float32, "two_values", seed=topk, device="cuda")
+@pytest.mark.parametrize("longest", (70000, 5000))  # the cluster kernel, the row kernel
+def test_kernel_other_k(topk, longest):
+    case = make_case([1, topk, topk + 1, 3000, longest], torch.float32, "two_values", seed=topk, device="cuda")
     assert_same_topk(run_kernel(case, topk), reference(case, topk), case, topk)
 
 
 @pytest.mark.gpu
-def test_kernel_identity_row_to_batch_unaligned_and_strided_rows():
-    case = make_case([5000, 2049, 40000, 9], torch.bfloat16, "random", seed=5, max_len=40003, device="cuda")
-    wide = torch.randn(4, 40011, device="cuda").to(torch.bfloat16)
-    wide[:, 3:40006] = case["scores"]
-    case["scores"] = wide[:, 3:40006]  # row stride 40011, rows not 16-byte aligned: scalar loads
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("longest", (40000, 5000))  # the cluster kernel, the row kernel
+def test_kernel_identity_row_to_batch_unaligned_and_strided_rows(dtype, longest):
+    max_len, stride = longest + 3, longest + 11
+    case = make_case([longest, 2049, 3000, 9], dtype, "random", seed=5, max_len=max_len, device="cuda")
+    wide = torch.randn(4, stride, device="cuda").to(dtype)
+    wide[:, 3:max_len + 3] = case["scores"]
+    case["scores"] = wide[:, 3:max_len + 3]  # rows not 16-byte aligned: scalar loads
     case["row_to_batch"] = torch.arange(4, dtype=torch.int32, device="cuda")
     out = run_kernel(case, TOPK, row_to_batch=None)
     assert_same_topk(out, reference(case, TOPK), case, TOPK)
 
 
 @pytest.mark.gpu
-def test_kernel_is_cuda_graph_capturable():
-    case = make_case([131072, 5824, 100], torch.float32, "random", seed=6, device="cuda")
+@pytest.mark.parametrize("longest", (131072, 5824))  # the cluster kernel, the row kernel
+def test_kernel_is_cuda_graph_capturable(longest):
+    lengths = [longest, 5824, 100]
+    case = make_case(lengths, torch.float32, "random", seed=6, device="cuda")
     out = torch.full((3, TOPK), INT_POISON, dtype=torch.int32, device="cuda")
     args = (case["scores"], case["lengths"], case["block_table"], case["row_to_batch"], out, TOPK)
     topk_page_transform(*args)  # first call: the library configures the device
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         topk_page_transform(*args)
-    fresh = make_case([131072, 5824, 100], torch.float32, "coarse_bin", seed=7, device="cuda")
+    fresh = make_case(lengths, torch.float32, "coarse_bin", seed=7, device="cuda")
     for name in ("scores", "lengths", "block_table"):
         case[name].copy_(fresh[name])
     out.fill_(INT_POISON)

@@ -8,9 +8,11 @@ threshold fill the remaining slots, NaN ranks below -inf (the definition's rule)
 +0.0. topk <= 2048 (the algorithm has no other limit on k; 2048 is the contract's maximum and
 what is tested).
 
-The kernel needs no global workspace (a row spread over several CTAs meets in a thread-block
-cluster's distributed shared memory), and the library caches the per-device facts it needs on
-its first call, so a call allocates nothing and never synchronizes: CUDA-graph capturable.
+Two kernels (topk.cu): rows of max_len <= 8192 run one CTA per row with the keys in registers;
+longer rows a thread-block cluster per row (`launch_plan` says which, and the cluster size).
+Neither needs a global workspace (a row spread over several CTAs meets in the cluster's
+distributed shared memory), and the library caches the per-device facts it needs on its first
+call, so a call allocates nothing and never synchronizes: CUDA-graph capturable.
 """
 
 from __future__ import annotations
@@ -51,6 +53,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dsa_topk_max_topk.restype = ctypes.c_int
     if lib.dsa_topk_max_topk() != MAX_TOPK:
         raise DsactlError(f"lib{LIBRARY}.so was built with a different top-k limit: rebuild it with `dsactl build`")
+    lib.dsa_topk_launch_plan.restype = ctypes.c_int
+    lib.dsa_topk_launch_plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,  # dtype, rows, max_len
+                                         ctypes.POINTER(ctypes.c_int)]  # out: 0 (row kernel) or cluster size
     return lib
 
 
@@ -116,6 +121,19 @@ def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table
         )
     if code != 0:
         raise DsactlError(f"top-k kernel launch failed: {lib.dsa_topk_error_string(code).decode()} (code {code})")
+
+
+def launch_plan(dtype: torch.dtype, rows: int, max_len: int) -> int:
+    """Which kernel a call with these shapes launches on the current CUDA device: 0 for the
+    register-resident row kernel (max_len <= 8192), else the cluster kernel's CTAs per row."""
+    if dtype not in _DTYPE_CODES:
+        raise DsactlError(f"top-k: scores dtype must be float32 or bfloat16, got {dtype}")
+    lib = _library()
+    cluster_size = ctypes.c_int(-1)
+    code = lib.dsa_topk_launch_plan(_DTYPE_CODES[dtype], rows, max_len, ctypes.byref(cluster_size))
+    if code != 0:
+        raise DsactlError(f"top-k launch plan failed: {lib.dsa_topk_error_string(code).decode()} (code {code})")
+    return cluster_size.value
 
 
 def dsa_topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,

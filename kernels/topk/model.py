@@ -1,12 +1,14 @@
 """A pure-PyTorch model of topk.cu's algorithm, step for step, for CPU tests.
 
-Same keys (order-preserving, -0.0 == +0.0, NaN lowest), same 11-bit levels, same split of a row
-into cluster chunks and same per-chunk source (shared-memory key cache, global memory, or
-compacted candidates), same threshold search, same emission order rule (strictly greater
-elements take [0, k - k_rem), ties share the k_rem remaining slots). The histograms are
-torch.bincount and the chunks run one after another, which is the only difference: the
-kernel's output *order* may differ, its set may not. `trace` records which path each chunk
-took so tests can prove they exercised the candidate overflow fallback.
+Same keys (order-preserving, -0.0 == +0.0, NaN key 1 below -inf, key 0 free for positions past
+a row's length), same 11-bit levels, same choice of kernel (max_len <= ROW_MAX_LEN: one CTA per
+row with every key on chip; longer: a cluster per row), same split of a row into cluster chunks
+and same per-chunk source (shared-memory key cache, global memory, or compacted candidates),
+same threshold search, same emission rule (strictly greater elements take [0, k - k_rem), ties
+share the k_rem remaining slots). The histograms are torch.bincount and the chunks run one
+after another, which is the only difference: the kernel's output *order* may differ, its set
+may not. `trace` records which path each row and chunk took so tests can prove they exercised
+the register-resident kernel and the candidate overflow fallback.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ DIGIT_BITS = 11
 BINS = 1 << DIGIT_BITS
 CHUNK_ALIGN = 8
 CANDIDATE_BYTES = 8
+ROW_MAX_LEN = 8192  # topk_row.cuh kRowMaxLen: up to this max_len the register-resident kernel runs
+NAN_KEY = 1  # topk_common.cuh kNanKey
 
 
 def key_bits(dtype: torch.dtype) -> int:
@@ -37,7 +41,7 @@ def radix_keys(scores: torch.Tensor) -> torch.Tensor:
     raw = scores.view(torch.int32 if bits == 32 else torch.int16).to(torch.int64) & full
     raw = torch.where(raw == sign, 0, raw)  # -0.0 -> +0.0
     key = torch.where(raw & sign != 0, ~raw & full, raw | sign)
-    return torch.where(torch.isnan(scores), 0, key)  # every NaN below -inf
+    return torch.where(torch.isnan(scores), NAN_KEY, key)  # NaN below -inf, whose key is 2**(bits - 9) - 1
 
 
 def levels(bits: int) -> list[tuple[int, int]]:
@@ -117,10 +121,17 @@ def select_row(keys: torch.Tensor, k: int, bits: int, cluster_size: int, region_
 def topk_page_transform_model(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
                               row_to_batch: torch.Tensor | None, topk: int, cluster_size: int = 1,
                               region_bytes: int = 206 * 1024, trace: list[str] | None = None) -> torch.Tensor:
-    """int32 [rows, topk]: the model's output for the launcher's contract (launcher.py)."""
+    """int32 [rows, topk]: the model's output for the launcher's contract (launcher.py).
+    cluster_size and region_bytes are the cluster kernel's launch (the launcher derives them
+    from the GPU); rows of max_len <= ROW_MAX_LEN take the register-resident kernel instead:
+    one CTA, every key on chip, so the search never leaves the chip."""
     rows, max_len = scores.shape
     keys = radix_keys(scores)
     bits = key_bits(scores.dtype)
+    if max_len <= ROW_MAX_LEN:
+        cluster_size, region_bytes = 1, ceil_div(max_len, CHUNK_ALIGN) * CHUNK_ALIGN * bits // 8
+        if trace is not None:
+            trace.append(f"row-kernel max_len={max_len}")
     out = torch.full((rows, topk), -1, dtype=torch.int32)
     for r in range(rows):
         length = min(max(int(lengths[r]), 0), max_len, block_table.shape[1] * PAGE_SIZE)

@@ -10,52 +10,30 @@
 //                i, -1 padded, in no particular order (set semantics, no duplicates).
 //   1 <= topk <= kMaxTopk.
 // Order: scores are ranked by an order-preserving unsigned key (fp32: 32 bits, bf16: 16 bits)
-// in which -0.0 equals +0.0 and every NaN ranks below -inf (key 0); ties at the threshold are
-// broken arbitrarily but exactly (topk ids in total). Lengths are clamped to
+// in which -0.0 equals +0.0 and every NaN ranks below -inf; ties at the threshold are broken
+// arbitrarily but exactly (topk ids in total). Lengths are clamped to
 // [0, min(max_len, max_pages * 64)] so a malformed length never reads outside the buffers; the
-// operator's contract requires them in range.
+// operator's contract requires them in range. Rows with length <= topk take the structural
+// mapping (no histogram).
 //
-// Algorithm: radix select with 11-bit digits (fp32: 11+11+10 bits, bf16: 11+5). A row runs on a
-// thread-block cluster of C CTAs (C = 1 when rows are many or short); each CTA owns one chunk of
-// the row. Per level, every CTA builds a shared-memory histogram of the digit of its active
-// elements (those whose higher digits equal the threshold prefix found so far), the cluster sums
-// them through distributed shared memory, and every CTA finds the same threshold bin. The row is
-// read from global memory once when the chunk fits the shared-memory region (keys cached there);
-// otherwise the CTA compacts the threshold bin's candidates (key, index) into that region as soon
-// as they fit, emitting the strictly-greater elements in the same pass, and refines on chip. When
-// they never fit it keeps re-reading its chunk from global memory with the prefix filter: exact
-// for every input, never a clamp. The search stops when the threshold bin holds exactly the
-// number of elements still needed, or when all key bits are resolved (then ties take the
-// remaining slots, counted with an atomic). Physical ids are computed when written.
-// Cluster barriers are hardware co-scheduled (no spin-waits); no global workspace; no allocation
-// or host synchronization per call, so calls are CUDA-graph capturable.
+// Algorithm: radix select with 11-bit digits (fp32: 11+11+10 bits, bf16: 11+5), two kernels:
+// - topk_row.cuh, max_len <= kRowMaxLen: one CTA per row with the row's keys in registers, every
+//   load issued before the first wait (short rows are latency-bound);
+// - topk_cluster.cuh, longer rows: a thread-block cluster per row, as large as keeps every row's
+//   cluster resident at once (one wave, by the occupancy API) and every CTA >= kMinChunk scores;
+//   keys cached in shared memory when a chunk fits, else compacted candidates, else re-reads of
+//   global memory with the prefix filter: exact for every input, never a clamp.
+// Neither kernel needs a global workspace or a host synchronization per call, so calls are
+// CUDA-graph capturable.
 
-#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
-#include <cstdint>
+#include "topk_cluster.cuh"
+#include "topk_common.cuh"
+#include "topk_row.cuh"
 
-namespace cg = cooperative_groups;
-
+namespace topk {
 namespace {
-
-constexpr int kThreads = 1024;                       // one CTA per SM for long rows; 2 bins per thread
-constexpr int kWarps = kThreads / 32;
-constexpr int kDigitBits = 11;                       // 2048-bin histograms: 8 KB, few levels
-constexpr int kBins = 1 << kDigitBits;
-constexpr int kBinsPerThread = kBins / kThreads;
-static_assert(kBinsPerThread == 2, "find_threshold gives each thread exactly two bins");
-constexpr int kPageSize = 64;                        // tokens per page of the paged KV cache
-constexpr int kMaxTopk = 2048;                       // the contract's largest k
-constexpr int kMaxCluster = 8;                       // portable cluster size on sm_90/sm_100 (16 measured slower)
-constexpr int kMinChunk = 4096;                      // below this, a cluster's barriers cost more than it saves
-constexpr int kChunkAlign = 8;                       // chunk starts stay 16-byte aligned for fp32 and bf16
-constexpr int kCandidateBytes = 8;                   // candidate = (uint32 key, int32 index)
-constexpr int kMaxPageCache = 1024;                  // block-table entries staged in shared memory (64K tokens)
-constexpr int kHistBytes = 2 * kBins * 4;            // double-buffered histogram (levels alternate)
-constexpr int kFixedDynamicSmem = kHistBytes + kMaxPageCache * 4;
-constexpr int kStaticSmemReserve = 1024;             // Scratch (checked below) within the per-block opt-in limit
-static_assert(kMaxPageCache % 4 == 0, "the region after the staged pages stays 16-byte aligned");
 
 enum ErrorCode : int {
   kOk = 0,
@@ -67,385 +45,15 @@ enum ErrorCode : int {
 
 enum Dtype : int { kFloat32 = 0, kBfloat16 = 1 };
 
-// Order-preserving keys: a > b as scores (with -0 == +0 and NaN lowest) iff key(a) > key(b).
-struct Fp32 {
-  using Raw = uint32_t;
-  using CacheKey = uint32_t;
-  static constexpr int kKeyBits = 32;
-  static constexpr int kVec = 4;     // elements per 16-byte load
-  static constexpr int kUnroll = 4;  // 16-byte loads in flight per thread per global pass
-  __device__ static uint32_t key(uint32_t u) {
-    if ((u & 0x7fffffffu) > 0x7f800000u) return 0u;  // NaN: below -inf, whose key is 0x007fffff
-    if (u == 0x80000000u) u = 0u;
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-  }
-  __device__ static uint32_t lane(const uint4& v, int j) { return (&v.x)[j]; }
-  __device__ static void set_lane(uint4& v, int j, Raw x) { (&v.x)[j] = x; }
-};
-
-struct Bf16 {
-  using Raw = uint16_t;
-  using CacheKey = uint16_t;
-  static constexpr int kKeyBits = 16;
-  static constexpr int kVec = 8;
-  static constexpr int kUnroll = 2;  // 16 keys per thread as for fp32: more spills registers at 1024 threads
-  __device__ static uint32_t key(uint32_t u) {
-    if ((u & 0x7fffu) > 0x7f80u) return 0u;
-    if (u == 0x8000u) u = 0u;
-    return (u & 0x8000u) ? (~u & 0xffffu) : (u | 0x8000u);
-  }
-  __device__ static uint32_t lane(const uint4& v, int j) { return ((&v.x)[j >> 1] >> ((j & 1) * 16)) & 0xffffu; }
-  __device__ static void set_lane(uint4& v, int j, Raw x) { (&v.x)[j >> 1] |= static_cast<uint32_t>(x) << ((j & 1) * 16); }
-};
-
-template <class S>
-struct Levels {
-  static constexpr int kCount = (S::kKeyBits + kDigitBits - 1) / kDigitBits;
-  __host__ __device__ static constexpr int shift(int l) {
-    return S::kKeyBits - kDigitBits * (l + 1) > 0 ? S::kKeyBits - kDigitBits * (l + 1) : 0;
-  }
-  __host__ __device__ static constexpr uint32_t digit_mask(int l) {
-    return ((1u << ((l == 0 ? S::kKeyBits : shift(l - 1)) - shift(l))) - 1u) << shift(l);
-  }
-  __device__ static int digit(uint32_t key, int l) { return (key & digit_mask(l)) >> shift(l); }
-};
-
-__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
-
-// Block-uniform state shared by the threads of one CTA.
-struct Scratch {
-  unsigned long long warp_sum[kWarps];
-  int bin, above_total, count_total, above_local, count_local;  // find_threshold's answer
-  int greater_base, tie_base;                                    // this CTA's output offsets
-  int greater_slot, tie_slot, cand_count;                        // CTA-local running counters
-  int cluster_greater, cluster_ties;                             // used on rank 0 only, via DSMEM
-};
-
-struct Params {
-  const void* scores;
-  long long scores_stride;
-  const int* lengths;
-  const int* block_table;
-  long long block_table_stride;
-  int max_pages;
-  const int* row_to_batch;
-  int* out;
-  long long out_stride;
-  int max_len;
-  int topk;
-  int region_bytes;
-  int page_cache;
-};
-
-__device__ __forceinline__ unsigned lanemask_lt() {
-  unsigned m;
-  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
-  return m;
-}
-
-// Slot of this lane among the lanes of its warp that set `pred`, reserved from a shared counter
-// with one atomic per warp. Every lane of the warp must call it.
-__device__ __forceinline__ int warp_slot(bool pred, int* counter) {
-  const unsigned mask = __ballot_sync(0xffffffffu, pred);
-  if (mask == 0u) return -1;
-  const int leader = __ffs(mask) - 1;
-  const int lane = threadIdx.x & 31;
-  int base = 0;
-  if (lane == leader) base = atomicAdd(counter, __popc(mask));
-  base = __shfl_sync(0xffffffffu, base, leader);
-  return base + __popc(mask & lanemask_lt());
-}
-
-__device__ __forceinline__ void cp_async_4(int* smem, const int* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem) : "memory");
-}
-
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
-
-__device__ __forceinline__ void cluster_barrier(const cg::cluster_group& cluster, int cluster_size) {
-  if (cluster_size > 1) {
-    cluster.sync();  // release/acquire: every CTA's histogram writes are visible cluster-wide
-  } else {
-    __syncthreads();
-  }
-}
-
-// Logical position -> physical id. `pages` points at the row's block-table entries, either the
-// staged shared-memory copy (offset so that it is indexed by logical page) or global memory;
-// generic addressing serves both.
-struct PageMap {
-  const int* pages;
-  __device__ int physical(int i) const { return pages[i / kPageSize] * kPageSize + i % kPageSize; }
-};
-
-// Calls f(i, key, valid) for every position of [begin, end) read from global memory, with a
-// trip count uniform across the block so that f may use warp collectives.
-template <class S, class F>
-__device__ __forceinline__ void visit_global(const typename S::Raw* row, int begin, int end, F&& f) {
-  constexpr int kUnroll = S::kUnroll;
-  constexpr int kPerIter = kThreads * S::kVec * kUnroll;
-  const bool aligned = (reinterpret_cast<uintptr_t>(row + begin) & 15u) == 0u;
-  const int iters = ceil_div(end - begin, kPerIter);
-  for (int it = 0; it < iters; ++it) {
-    uint4 raw[kUnroll];
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int e = begin + it * kPerIter + (u * kThreads + static_cast<int>(threadIdx.x)) * S::kVec;
-      if (aligned && e + S::kVec <= end) {
-        raw[u] = __ldg(reinterpret_cast<const uint4*>(row + e));
-      } else {
-        raw[u] = make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-        for (int j = 0; j < S::kVec; ++j) {
-          if (e + j < end) S::set_lane(raw[u], j, row[e + j]);
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int e = begin + it * kPerIter + (u * kThreads + static_cast<int>(threadIdx.x)) * S::kVec;
-#pragma unroll
-      for (int j = 0; j < S::kVec; ++j) f(e + j, S::key(S::lane(raw[u], j)), e + j < end);
-    }
-  }
-}
-
-template <class F>
-__device__ __forceinline__ void visit_shared(int n, F&& f) {
-  const int iters = ceil_div(n, kThreads);
-  for (int it = 0; it < iters; ++it) {
-    const int i = it * kThreads + static_cast<int>(threadIdx.x);
-    f(i, i < n);
-  }
-}
-
-enum class Source { kCache, kGlobal, kCandidates };
-
-// Thread t owns bins 2t and 2t+1. Sums the cluster's histograms, finds the bin T with
-// count(bins above T) < k_rem <= count(bins >= T), and stores in s the cluster-wide and
-// CTA-local counts above and in T. Two block barriers; the answer is read after return, and
-// s.warp_sum is rewritten only after the caller's next barrier.
-__device__ void find_threshold(int* hist, int k_rem, const cg::cluster_group& cluster, int cluster_size,
-                               Scratch& s) {
-  const int t = threadIdx.x;
-  const int lane = t & 31, warp = t >> 5;
-  const int2 local = reinterpret_cast<const int2*>(hist)[t];
-  int2 total = local;
-  if (cluster_size > 1) {
-    total = make_int2(0, 0);
-#pragma unroll
-    for (int r = 0; r < kMaxCluster; ++r) {  // unrolled: the remote loads are issued together
-      if (r < cluster_size) {
-        const int2 v = reinterpret_cast<const int2*>(cluster.map_shared_rank(hist, r))[t];
-        total.x += v.x;
-        total.y += v.y;
-      }
-    }
-  }
-  // (cluster count << 32) | local count: both fit 32 bits, so packed sums never carry.
-  auto pack = [](int hi, int lo) {
-    return (static_cast<unsigned long long>(static_cast<unsigned>(hi)) << 32) | static_cast<unsigned>(lo);
-  };
-  const unsigned long long own = pack(total.x + total.y, local.x + local.y);
-  unsigned long long incl = own;  // inclusive suffix sum over lanes >= lane
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned long long v = __shfl_down_sync(0xffffffffu, incl, o);
-    if (lane + o < 32) incl += v;
-  }
-  if (lane == 0) s.warp_sum[warp] = incl;
-  __syncthreads();
-  // Every warp scans the 32 warp totals itself (no third barrier) and takes its own suffix.
-  const unsigned long long w = s.warp_sum[lane];
-  unsigned long long wincl = w;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const unsigned long long v = __shfl_down_sync(0xffffffffu, wincl, o);
-    if (lane + o < 32) wincl += v;
-  }
-  const unsigned long long warp_above = __shfl_sync(0xffffffffu, wincl - w, warp);
-  const unsigned long long above_hi_bin = incl - own + warp_above;  // bins above 2t+1
-  const unsigned long long above_lo_bin = above_hi_bin + pack(total.y, local.y);
-  auto check = [&](unsigned long long above, int count_total, int count_local, int bin) {
-    const int above_total = static_cast<int>(above >> 32);
-    if (above_total < k_rem && k_rem <= above_total + count_total) {
-      s.bin = bin;
-      s.above_total = above_total;
-      s.count_total = count_total;
-      s.above_local = static_cast<int>(above & 0xffffffffull);
-      s.count_local = count_local;
-    }
-  };
-  check(above_hi_bin, total.y, local.y, 2 * t + 1);
-  check(above_lo_bin, total.x, local.x, 2 * t);
-  __syncthreads();
-}
-
-template <class S>
-__global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const Params p) {
-  using L = Levels<S>;
-  using CacheKey = typename S::CacheKey;
-  extern __shared__ __align__(16) unsigned char smem[];
-  __shared__ Scratch s;
-
-  const cg::cluster_group cluster = cg::this_cluster();
-  const int cluster_size = static_cast<int>(cluster.num_blocks());
-  const int rank = static_cast<int>(cluster.block_rank());
-  const int row = blockIdx.x / cluster_size;
-  const int k = p.topk;
-
-  const int length = min(max(p.lengths[row], 0), min(p.max_len, p.max_pages * kPageSize));
-  const int batch = p.row_to_batch != nullptr ? p.row_to_batch[row] : row;
-  const int* table = p.block_table + batch * p.block_table_stride;
-  int* out = p.out + row * p.out_stride;
-
-  if (length <= k) {  // every valid position is selected: structural mapping, no histogram
-    const int per_rank = ceil_div(k, cluster_size);
-    const int stop = min(k, (rank + 1) * per_rank);
-    for (int i = rank * per_rank + static_cast<int>(threadIdx.x); i < stop; i += kThreads) {
-      out[i] = i < length ? table[i / kPageSize] * kPageSize + i % kPageSize : -1;
-    }
-    return;  // uniform over the cluster (one cluster per row): no CTA waits on a barrier
-  }
-
-  int* const hist = reinterpret_cast<int*>(smem);  // level l accumulates into hist + (l & 1) * kBins
-  int* staged_pages = reinterpret_cast<int*>(smem + kHistBytes);
-  unsigned char* region = smem + kHistBytes + p.page_cache * 4;
-  CacheKey* cache = reinterpret_cast<CacheKey*>(region);
-  const int cand_capacity = p.region_bytes / kCandidateBytes;
-  uint32_t* cand_key = reinterpret_cast<uint32_t*>(region);
-  int* cand_idx = reinterpret_cast<int*>(region) + cand_capacity;
-
-  const int chunk = ceil_div(ceil_div(length, cluster_size), kChunkAlign) * kChunkAlign;
-  const int begin = min(rank * chunk, length);
-  const int end = min(begin + chunk, length);
-  const typename S::Raw* scores = static_cast<const typename S::Raw*>(p.scores) + row * p.scores_stride;
-
-  PageMap pages{table};
-  const int first_page = begin / kPageSize;
-  const int page_count = ceil_div(end, kPageSize) - first_page;
-  if (page_count <= p.page_cache) {
-    for (int i = threadIdx.x; i < page_count; i += kThreads) cp_async_4(staged_pages + i, table + first_page + i);
-    pages.pages = staged_pages - first_page;
-  }
-  for (int i = threadIdx.x; i < 2 * kBins; i += kThreads) hist[i] = 0;
-  if (threadIdx.x == 0) {
-    s.cluster_greater = 0;
-    s.cluster_ties = 0;
-  }
-  __syncthreads();
-
-  Source source = chunk * static_cast<int>(sizeof(CacheKey)) <= p.region_bytes ? Source::kCache : Source::kGlobal;
-  {
-    const bool cache_it = source == Source::kCache;
-    visit_global<S>(scores, begin, end, [&](int i, uint32_t key, bool valid) {
-      if (!valid) return;
-      if (cache_it) cache[i - begin] = static_cast<CacheKey>(key);
-      atomicAdd(&hist[L::digit(key, 0)], 1);
-    });
-  }
-  cp_async_wait_all();
-
-  // Calls f(i, key, valid) for every element of the current source, uniformly across the block.
-  auto visit_source = [&](auto&& f) {
-    if (source == Source::kCache) {
-      visit_shared(end - begin, [&](int i, bool valid) { f(begin + i, valid ? uint32_t(cache[i]) : 0u, valid); });
-    } else if (source == Source::kCandidates) {
-      visit_shared(s.cand_count, [&](int i, bool valid) {
-        f(valid ? cand_idx[i] : 0, valid ? cand_key[i] : 0u, valid);
-      });
-    } else {
-      visit_global<S>(scores, begin, end, f);
-    }
-  };
-
-  // The threshold prefix: active elements satisfy (key & mask) == value.
-  uint32_t mask = 0, value = 0;
-  int k_rem = k;
-  int greater_pending = 0;  // local elements above the prefix not yet written
-  int local_eq = 0;
-  int* remote_greater = cluster.map_shared_rank(&s.cluster_greater, 0);
-  int* remote_ties = cluster.map_shared_rank(&s.cluster_ties, 0);
-
-  for (int l = 0;; ++l) {
-    cluster_barrier(cluster, cluster_size);
-    find_threshold(hist + (l & 1) * kBins, k_rem, cluster, cluster_size, s);
-    greater_pending += s.above_local;
-    k_rem -= s.above_total;
-    mask |= L::digit_mask(l);
-    value |= static_cast<uint32_t>(s.bin) << L::shift(l);
-    local_eq = s.count_local;
-    if (s.count_total == k_rem || l + 1 == L::kCount) break;
-
-    int* next = hist + ((l + 1) & 1) * kBins;
-    if (l >= 1) {  // its previous contents were last read by the cluster before this level's barrier
-      for (int i = threadIdx.x; i < kBins; i += kThreads) next[i] = 0;
-    }
-    const bool compact = source == Source::kGlobal && local_eq <= cand_capacity;
-    if (compact && threadIdx.x == 0) {
-      s.greater_base = atomicAdd(remote_greater, greater_pending);
-      s.greater_slot = 0;
-      s.cand_count = 0;
-    }
-    __syncthreads();
-    const int nl = l + 1;
-    if (compact) {
-      // One pass over the chunk: write every element above the prefix, keep the prefix's
-      // candidates (they fit: local_eq <= capacity) and histogram their next digit.
-      const int greater_base = s.greater_base;
-      visit_global<S>(scores, begin, end, [&](int i, uint32_t key, bool valid) {
-        const uint32_t masked = key & mask;
-        const bool greater = valid && masked > value;
-        const bool equal = valid && masked == value;
-        const int g = warp_slot(greater, &s.greater_slot);
-        if (greater) out[greater_base + g] = pages.physical(i);
-        const int c = warp_slot(equal, &s.cand_count);
-        if (equal) {
-          cand_key[c] = key;
-          cand_idx[c] = i;
-          atomicAdd(&next[L::digit(key, nl)], 1);
-        }
-      });
-      greater_pending = 0;
-      source = Source::kCandidates;
-    } else {
-      visit_source([&](int, uint32_t key, bool valid) {
-        if (valid && (key & mask) == value) atomicAdd(&next[L::digit(key, nl)], 1);
-      });
-    }
-  }
-
-  // Emit: elements above the prefix take [0, k - k_rem); elements equal to it share the
-  // k_rem remaining slots, first come first served across the cluster.
-  if (threadIdx.x == 0) {
-    s.greater_base = atomicAdd(remote_greater, greater_pending);
-    s.tie_base = atomicAdd(remote_ties, local_eq);
-    s.greater_slot = 0;
-    s.tie_slot = 0;
-  }
-  __syncthreads();
-  const int greater_base = s.greater_base;
-  const int tie_base = k - k_rem + s.tie_base;
-  const int tie_take = min(local_eq, k_rem - s.tie_base);  // <= 0: all ties taken by other CTAs
-  visit_source([&](int i, uint32_t key, bool valid) {
-    const uint32_t masked = key & mask;
-    const bool greater = valid && masked > value;
-    const bool equal = valid && masked == value;
-    const int g = warp_slot(greater, &s.greater_slot);
-    if (greater) out[greater_base + g] = pages.physical(i);
-    const int e = warp_slot(equal, &s.tie_slot);
-    if (equal && e < tie_take) out[tie_base + e] = pages.physical(i);
-  });
-  // Rank 0's counters and every CTA's histograms must outlive the cluster's last remote access.
-  if (cluster_size > 1) cluster.sync();
-}
-
-static_assert(sizeof(Scratch) <= kStaticSmemReserve, "Scratch outgrew its shared-memory reserve");
+// Cluster sizes tried: 1 << i for i < kClusterSizeCount.
+constexpr int kClusterSizeCount = 4;
+static_assert(kMaxCluster == 1 << (kClusterSizeCount - 1), "one occupancy entry per allowed cluster size");
 
 struct DeviceInfo {
-  int sm_count = 0;
   int region_bytes = 0;  // the largest region this device's per-block shared memory allows
+  // Clusters of 1 << i CTAs of the fp32 / bf16 kernel resident at once (0: a size the device
+  // cannot run). A cluster must fit in one GPC, so this can be less than sm_count >> i.
+  int max_clusters[2][kClusterSizeCount] = {};
   bool configured = false;
 };
 
@@ -453,44 +61,95 @@ constexpr int kMaxDevices = 64;
 DeviceInfo g_devices[kMaxDevices];
 
 template <class S>
-cudaError_t configure(int region_bytes) {
-  return cudaFuncSetAttribute(topk_page_transform_kernel<S>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                              kFixedDynamicSmem + region_bytes);
+cudaError_t configure(DeviceInfo& info, int* max_clusters) {
+  const auto kernel = topk_page_transform_kernel<S>;
+  const int smem_bytes = kFixedDynamicSmem + info.region_bytes;
+  cudaError_t err = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_bytes);
+  if (err != cudaSuccess) return err;
+  for (int i = 0; i < kClusterSizeCount; ++i) {
+    const int cluster_size = 1 << i;
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(static_cast<unsigned>(cluster_size));
+    config.blockDim = dim3(kThreads);
+    config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim = {static_cast<unsigned>(cluster_size), 1, 1};
+    config.attrs = attr;
+    config.numAttrs = 1;
+    if (cudaOccupancyMaxActiveClusters(&max_clusters[i], kernel, &config) != cudaSuccess) {
+      max_clusters[i] = 0;  // a size this device cannot run
+      cudaGetLastError();   // the refused query must not surface at the caller's next error check
+    }
+  }
+  return cudaSuccess;
 }
 
-template <class S>
-int launch(const Params& p, int rows, cudaStream_t stream) {
+// Once per device: the attribute queries and settings are host-only calls.
+int device_info(DeviceInfo** out) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device >= kMaxDevices) return kBadShape;
   DeviceInfo& info = g_devices[device];
-  if (!info.configured) {  // once per device: the attribute query and setting are host-only calls
+  if (!info.configured) {
     int optin = 0;
-    err = cudaDeviceGetAttribute(&info.sm_count, cudaDevAttrMultiProcessorCount, device);
-    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
+    err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err != cudaSuccess) return err;
     // The key cache / candidate region takes what the per-block limit leaves (sm_90/sm_100:
     // 227 KB -> 206 KB, 52K fp32 keys; sm_120: 99 KB -> 78 KB).
     info.region_bytes = (optin - kFixedDynamicSmem - kStaticSmemReserve) / 16 * 16;
-    err = configure<Fp32>(info.region_bytes);
-    if (err == cudaSuccess) err = configure<Bf16>(info.region_bytes);
+    err = configure<Fp32>(info, info.max_clusters[kFloat32]);
+    if (err == cudaSuccess) err = configure<Bf16>(info, info.max_clusters[kBfloat16]);
     if (err != cudaSuccess) return err;
     info.configured = true;
   }
+  *out = &info;
+  return kOk;
+}
 
-  // Cluster size: spread a row over more SMs while the grid still fits one wave and every
-  // CTA keeps at least kMinChunk scores.
+// Cluster size of the cluster kernel: spread a row over more SMs while every row's cluster is
+// resident at once (one wave) and every CTA keeps at least kMinChunk scores.
+int cluster_size_for(const DeviceInfo& info, int dtype, int rows, int max_len) {
   int cluster_size = 1;
-  while (cluster_size * 2 <= kMaxCluster && rows * cluster_size * 2 <= info.sm_count &&
-         ceil_div(p.max_len, cluster_size * 2) >= kMinChunk) {
-    cluster_size *= 2;
+  for (int i = 1; i < kClusterSizeCount; ++i) {
+    if (rows > info.max_clusters[dtype][i] || ceil_div(max_len, 1 << i) < kMinChunk) break;
+    cluster_size = 1 << i;
   }
+  return cluster_size;
+}
+
+// Keys per thread of the register-resident kernel: half the largest for rows up to half of
+// kRowMaxLen, but at least one 16-byte vector.
+template <class S>
+constexpr int row_per_thread_small() {
+  return kRowMaxLen / kRowThreads / 2 > S::kVec ? kRowMaxLen / kRowThreads / 2 : S::kVec;
+}
+constexpr int kRowPerThreadLarge = kRowMaxLen / kRowThreads;
+
+template <class S>
+int launch_rows(const Params& p, int rows, cudaStream_t stream) {
+  constexpr int kSmall = row_per_thread_small<S>();
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(rows));
+  config.blockDim = dim3(kRowThreads);
+  config.stream = stream;
+  if (p.max_len <= kSmall * kRowThreads) return cudaLaunchKernelEx(&config, topk_row_kernel<S, kSmall>, p);
+  return cudaLaunchKernelEx(&config, topk_row_kernel<S, kRowPerThreadLarge>, p);
+}
+
+template <class S>
+int launch(const Params& p, int dtype, int rows, cudaStream_t stream) {
+  if (p.max_len <= kRowMaxLen) return launch_rows<S>(p, rows, stream);
+  DeviceInfo* info = nullptr;
+  const int status = device_info(&info);
+  if (status != kOk) return status;
+  const int cluster_size = cluster_size_for(*info, dtype, rows, p.max_len);
   Params q = p;
   const int chunk = ceil_div(ceil_div(p.max_len, cluster_size), kChunkAlign) * kChunkAlign;
   const int cache_bytes = chunk * static_cast<int>(sizeof(typename S::CacheKey));
   // A region that caches the longest chunk is enough; otherwise the full candidate region.
-  q.region_bytes = cache_bytes <= info.region_bytes ? ceil_div(cache_bytes, 16) * 16 : info.region_bytes;
+  q.region_bytes = cache_bytes <= info->region_bytes ? ceil_div(cache_bytes, 16) * 16 : info->region_bytes;
   q.page_cache = min(ceil_div(ceil_div(chunk, kPageSize) + 1, 4) * 4, kMaxPageCache);
   const int smem_bytes = kHistBytes + q.page_cache * 4 + q.region_bytes;
 
@@ -501,15 +160,22 @@ int launch(const Params& p, int rows, cudaStream_t stream) {
   config.stream = stream;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim.x = static_cast<unsigned>(cluster_size);
-  attr[0].val.clusterDim.y = 1;
-  attr[0].val.clusterDim.z = 1;
+  attr[0].val.clusterDim = {static_cast<unsigned>(cluster_size), 1, 1};
   config.attrs = attr;
   config.numAttrs = 1;
   return cudaLaunchKernelEx(&config, topk_page_transform_kernel<S>, q);
 }
 
+int check_args(int dtype, int rows, int max_len) {
+  if (dtype != kFloat32 && dtype != kBfloat16) return kBadDtype;
+  if (rows < 0 || max_len < 0) return kBadShape;
+  return kOk;
+}
+
 }  // namespace
+}  // namespace topk
+
+using namespace topk;
 
 extern "C" {
 
@@ -522,16 +188,33 @@ int dsa_topk_page_transform(const void* scores, int dtype, long long scores_stri
                             const int* row_to_batch, int* out, long long out_stride, int rows, int max_len,
                             int topk, cudaStream_t stream) {
   if (topk < 1 || topk > kMaxTopk) return kBadTopk;
-  if (dtype != kFloat32 && dtype != kBfloat16) return kBadDtype;
-  if (rows < 0 || max_len < 0 || max_pages < 0 || scores_stride < max_len || out_stride < topk ||
-      block_table_stride < max_pages) {
+  const int status = check_args(dtype, rows, max_len);
+  if (status != kOk) return status;
+  if (max_pages < 0 || scores_stride < max_len || out_stride < topk || block_table_stride < max_pages) {
     return kBadShape;
   }
   if (rows == 0) return kOk;
   if (scores == nullptr || lengths == nullptr || block_table == nullptr || out == nullptr) return kNullPointer;
   const Params p{scores, scores_stride, lengths, block_table, block_table_stride, max_pages, row_to_batch,
                  out, out_stride, max_len, topk, 0, 0};
-  return dtype == kFloat32 ? launch<Fp32>(p, rows, stream) : launch<Bf16>(p, rows, stream);
+  return dtype == kFloat32 ? launch<Fp32>(p, dtype, rows, stream) : launch<Bf16>(p, dtype, rows, stream);
+}
+
+// Which kernel dsa_topk_page_transform launches on the current device for this shape: writes 0
+// for the register-resident row kernel, else the cluster kernel's cluster size. Returns as
+// dsa_topk_page_transform does.
+int dsa_topk_launch_plan(int dtype, int rows, int max_len, int* cluster_size) {
+  const int status = check_args(dtype, rows, max_len);
+  if (status != kOk) return status;
+  if (cluster_size == nullptr) return kNullPointer;
+  if (max_len <= kRowMaxLen) {
+    *cluster_size = 0;
+    return kOk;
+  }
+  DeviceInfo* info = nullptr;
+  const int err = device_info(&info);
+  if (err == kOk) *cluster_size = cluster_size_for(*info, dtype, rows, max_len);
+  return err;
 }
 
 const char* dsa_topk_error_string(int code) {

@@ -1,0 +1,114 @@
+// Shared pieces of the top-k kernels (topk.cu): radix keys, digit levels, launch parameters and
+// small device helpers. See topk.cu for the operator's contract.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace topk {
+
+constexpr int kDigitBits = 11;  // 2048-bin histograms: 8 KB, few levels (fp32 11+11+10, bf16 11+5)
+constexpr int kBins = 1 << kDigitBits;
+constexpr int kPageSize = 64;  // tokens per page of the paged KV cache
+constexpr int kMaxTopk = 2048;  // the contract's largest k
+
+// Keys: a > b as scores (with -0 == +0 and NaN below -inf) iff key(a) > key(b). NaN takes key 1
+// (the bit patterns that would map below -inf's key are all NaNs, so 1..key(-inf)-1 are free),
+// which leaves key 0 to mark positions at or past a row's length in the register-resident kernel.
+constexpr uint32_t kNanKey = 1u;
+constexpr uint32_t kInvalidKey = 0u;
+
+struct Fp32 {
+  using Raw = uint32_t;
+  using CacheKey = uint32_t;
+  static constexpr int kKeyBits = 32;
+  static constexpr int kVec = 4;     // elements per 16-byte load
+  static constexpr int kUnroll = 4;  // 16-byte loads in flight per thread per global pass
+  __device__ static uint32_t key(uint32_t u) {  // selects, no branches
+    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;  // -inf's key is 0x007fffff
+    u = u == 0x80000000u ? 0u : u;
+    const uint32_t k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return nan ? kNanKey : k;
+  }
+  __device__ static uint32_t lane(const uint4& v, int j) { return (&v.x)[j]; }
+  __device__ static void set_lane(uint4& v, int j, Raw x) { (&v.x)[j] = x; }
+};
+
+struct Bf16 {
+  using Raw = uint16_t;
+  using CacheKey = uint16_t;
+  static constexpr int kKeyBits = 16;
+  static constexpr int kVec = 8;
+  static constexpr int kUnroll = 2;  // 16 keys per thread as for fp32: more spills registers at 1024 threads
+  __device__ static uint32_t key(uint32_t u) {
+    const bool nan = (u & 0x7fffu) > 0x7f80u;  // -inf's key is 0x007f
+    u = u == 0x8000u ? 0u : u;
+    const uint32_t k = (u & 0x8000u) ? (~u & 0xffffu) : (u | 0x8000u);
+    return nan ? kNanKey : k;
+  }
+  __device__ static uint32_t lane(const uint4& v, int j) { return ((&v.x)[j >> 1] >> ((j & 1) * 16)) & 0xffffu; }
+  __device__ static void set_lane(uint4& v, int j, Raw x) { (&v.x)[j >> 1] |= static_cast<uint32_t>(x) << ((j & 1) * 16); }
+};
+
+// Level l refines the key bits [shift(l), shift(l - 1)), most significant first.
+template <class S>
+struct Levels {
+  static constexpr int kCount = (S::kKeyBits + kDigitBits - 1) / kDigitBits;
+  __host__ __device__ static constexpr int shift(int l) {
+    return S::kKeyBits - kDigitBits * (l + 1) > 0 ? S::kKeyBits - kDigitBits * (l + 1) : 0;
+  }
+  __host__ __device__ static constexpr uint32_t digit_mask(int l) {
+    return ((1u << ((l == 0 ? S::kKeyBits : shift(l - 1)) - shift(l))) - 1u) << shift(l);
+  }
+  __device__ static int digit(uint32_t key, int l) { return (key & digit_mask(l)) >> shift(l); }
+};
+
+__host__ __device__ constexpr int ceil_div(int a, int b) { return (a + b - 1) / b; }
+
+struct Params {
+  const void* scores;
+  long long scores_stride;
+  const int* lengths;
+  const int* block_table;
+  long long block_table_stride;
+  int max_pages;
+  const int* row_to_batch;
+  int* out;
+  long long out_stride;
+  int max_len;
+  int topk;
+  int region_bytes;  // cluster kernel: key cache / candidate region
+  int page_cache;    // cluster kernel: block-table entries staged in shared memory
+};
+
+// Valid positions of a row: lengths are clamped so that a malformed one never reads outside the
+// buffers (the operator's contract requires them in range).
+__device__ __forceinline__ int clamped_length(const Params& p, int raw) {
+  return min(max(raw, 0), min(p.max_len, p.max_pages * kPageSize));
+}
+
+__device__ __forceinline__ unsigned lanemask_lt() {
+  unsigned m;
+  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
+  return m;
+}
+
+// Loads the compiler may neither sink below a later branch nor delay to their first use
+// (volatile), so that they are in flight while the row's length and batch are still loading.
+__device__ __forceinline__ uint4 load_early_v4(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ int load_early_s32(const int* p) {
+  int v;
+  asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+}
+
+// Warms L2 (and the address translation) for a line that is read or written later.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+}  // namespace topk
