@@ -80,6 +80,12 @@ INTERPRETER_CASES = {
     "empty_rows_sink": (_definition(16, 128, "_fp8kv_lsee_sink"), 2, 4, {"pattern": "empty"}, 1),
     "tail_front_valid": (_definition(16, 256), 2, 8, {"pattern": "tail", "valid": (3, 70)}, 4),
     "duplicates_32_heads": (_definition(32, 128), 2, 4, {"pattern": "duplicates"}, 4),
+    # More split counts (odd ones, up to MAX_SPLITS) at 16 to 128 heads, bf16 and FP8 KV.
+    "splits_7_fp8kv": (_definition(16, 128, "_fp8kv_sink"), 2, 4, {"pattern": "scattered", "valid": (128, 9)}, 7),
+    "splits_13_64_heads": (_definition(64, 64, "_lsee"), 1, 2, {}, 13),
+    "splits_32_tail": (_definition(16, 128, "_topklen"), 2, 4, {"pattern": "tail", "valid": (40, 128)}, 32),
+    "splits_32_64_heads_fp8kv": (_definition(128, 64, "_fp8kv"), 1, 2, {}, 32),
+    "splits_20_32_heads": (_definition(32, 64), 1, 2, {"pattern": "duplicates"}, 20),
 }
 
 
@@ -232,6 +238,30 @@ def test_gpu_any_split_count_is_exact(num_splits, suffix):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("suffix", ["_lsee", "_fp8kv_sink"])
+def test_gpu_grid_far_larger_than_the_gpu_is_exact(suffix):
+    """3072 split programs, many waves, and the largest combine."""
+    definition = _definition(128, 2048, suffix)
+    inputs = _inputs(definition, 48, 256, "cuda", seed=11, pattern="scattered", valid=(2048, 1, 0, 1500) * 12)
+    outputs = _run(_launcher_kwargs(definition, 32), definition, inputs)
+    _assert_matches_reference(definition, inputs, outputs)
+
+
+@pytest.mark.gpu
+def test_gpu_repeated_calls_are_bitwise_identical():
+    """The split partials and their combine are deterministic: a race would move the result."""
+    definition = _definition(16, 2048)
+    inputs = _inputs(definition, 8, 512, "cuda", seed=9)
+    for num_splits in (None, 3, 32):
+        fn = _launcher_kwargs(definition, num_splits)
+        first = _run(fn, definition, inputs)
+        _assert_matches_reference(definition, inputs, first)
+        for _ in range(200):
+            again = _run(fn, definition, inputs)
+            assert torch.equal(again["output"], first["output"]) and torch.equal(again["lse"], first["lse"])
+
+
+@pytest.mark.gpu
 def test_gpu_call_is_graph_capturable_and_repeatable():
     """No host sync or allocation inside a call: it captures into a CUDA graph and replays."""
     definition = _definition(16, 2048)
@@ -245,6 +275,7 @@ def test_gpu_call_is_graph_capturable_and_repeatable():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn(*args)
-    graph.replay()
+    for _ in range(100):  # the workspace is reused by every replay
+        graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(outputs["output"], eager["output"]) and torch.equal(outputs["lse"], eager["lse"])

@@ -4,6 +4,8 @@ Without a GPU the Triton kernels run under the interpreter (tests/conftest.py se
 TRITON_INTERPRET before any kernel module is imported).
 """
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -12,7 +14,8 @@ from dsactl.errors import DsactlError
 from dsactl.fp8 import PAGE_SIZE, dequantize_index_k
 from dsactl.harness import INT_POISON
 from dsactl.kernels.indexer.passthrough import passthrough
-from dsactl.kernels.indexer.score import H200_SMS, PROGRAMS_PER_SM, choose_config, score
+from dsactl.kernels.indexer.score import (H200_SMS, KERNELS, PROGRAMS_PER_SM, TILE_PROGRAMS_PER_SM,
+                                          choose_config, score)
 from dsactl.kernels.indexer import solution
 from dsactl.kernels.indexer.solution import dsa_topk_indexer
 from dsactl.kernels.indexer.torch_baseline import dsa_topk_indexer_torch
@@ -96,20 +99,36 @@ def run_solution(fn, inputs, topk, next_n):
 
 # --- scoring kernel -----------------------------------------------------------------------
 
+SCORE_CONFIGS = {  # (kernel, block_n, steps per program): both kernels, one- and two-page tiles
+    "tile-128": ("tile", 128, 1),
+    "tile-64x2": ("tile", 64, 2),  # two steps per program: the pipelined loop runs
+    "stream-128": ("stream", 128, None),
+    "stream-64": ("stream", 64, None),
+}
+
+
+def score_config(name, batch, next_n, heads, width):
+    kernel, block_n, steps = SCORE_CONFIGS[name]
+    cfg = choose_config(batch, next_n, heads, width, block_n=block_n, kernel=kernel)
+    if steps is not None:
+        tokens = steps * cfg.block_n
+        cfg = dataclasses.replace(cfg, tokens_per_program=tokens, splits=-(-width // tokens))
+    return cfg
+
+
 @pytest.mark.parametrize("heads,next_n,seq_lens", [
     (64, 1, [1, 64, 65, 300]),  # one token, exactly one page, one past a page, several pages
     (32, 3, [2, 130, 256]),  # a row seeing no token (seq_len < next_n), an exact 4-page row
     (64, 4, [129, 4]),
 ])
-@pytest.mark.parametrize("block_n", [64, 128])
-def test_scores_match_float32_reference(heads, next_n, seq_lens, block_n):
+@pytest.mark.parametrize("config", list(SCORE_CONFIGS))
+def test_scores_match_float32_reference(heads, next_n, seq_lens, config):
     inputs = make_case(seq_lens, heads=heads, next_n=next_n, extra_pages=2, table_pad=-1, seed=len(seq_lens))
     rows, width = len(seq_lens) * next_n, inputs["block_table"].shape[1] * PAGE_SIZE
     scores = torch.full((rows, width), float("nan"), device=DEVICE)
     lengths = torch.full((rows,), INT_POISON, dtype=torch.int32, device=DEVICE)
-    config = choose_config(len(seq_lens), next_n, heads, width, block_n=block_n)
     score(inputs["q_index_fp8"], inputs["k_index_cache_fp8"], inputs["weights"], inputs["seq_lens"],
-          inputs["block_table"], scores, lengths, config=config)
+          inputs["block_table"], scores, lengths, config=score_config(config, len(seq_lens), next_n, heads, width))
     for r, want in reference_scores(inputs, next_n).items():
         seq_len, visible = seq_lens[r // next_n], want.numel()
         assert lengths[r].item() == visible
@@ -118,12 +137,14 @@ def test_scores_match_float32_reference(heads, next_n, seq_lens, block_n):
         assert scores[r, seq_len:].isnan().all(), "nothing may be written past seq_len"
 
 
-def test_requests_that_fit_are_not_scored():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_requests_that_fit_are_not_scored(kernel):
     inputs = make_case([100, 700], heads=64, extra_pages=0, seed=3)
-    scores = torch.full((2, inputs["block_table"].shape[1] * PAGE_SIZE), float("nan"), device=DEVICE)
+    width = inputs["block_table"].shape[1] * PAGE_SIZE
+    scores = torch.full((2, width), float("nan"), device=DEVICE)
     lengths = torch.full((2,), INT_POISON, dtype=torch.int32, device=DEVICE)
     score(inputs["q_index_fp8"], inputs["k_index_cache_fp8"], inputs["weights"], inputs["seq_lens"],
-          inputs["block_table"], scores, lengths, skip_len=512)
+          inputs["block_table"], scores, lengths, skip_len=512, config=choose_config(2, 1, 64, width, kernel=kernel))
     assert lengths.tolist() == [100, 700]
     assert scores[0].isnan().all()
     assert not scores[1, :700].isnan().any()
@@ -140,6 +161,8 @@ def test_score_rejects_malformed_inputs():
         score(args[0][:, :16].contiguous(), *args[1:], scores, lengths)
     with pytest.raises(DsactlError, match="scores"):
         score(*args, scores[:, :64], lengths)
+    with pytest.raises(DsactlError, match="kernel"):
+        choose_config(1, 1, 64, 4096, kernel="fused")
 
 
 @pytest.mark.parametrize("batch,max_len", [(1, 4096), (1, 131072), (8, 32768), (64, 131072), (128, 131072),
@@ -150,8 +173,18 @@ def test_split_covers_rows_and_fills_the_gpu(batch, max_len):
     assert cfg.splits * cfg.tokens_per_program >= max_len > (cfg.splits - 1) * cfg.tokens_per_program
     programs = batch * cfg.splits
     steps = -(-max_len // cfg.block_n)
+    if cfg.kernel == "tile":  # one program per tile, a few rounds of resident programs at most
+        assert cfg.tokens_per_program == cfg.block_n and programs <= TILE_PROGRAMS_PER_SM * H200_SMS
+        return
     assert programs >= min(H200_SMS, batch * steps // 2), "small batches of long rows must fill the SMs"
     assert cfg.splits == 1 or programs <= PROGRAMS_PER_SM * H200_SMS, "no second partial wave"
+
+
+def test_short_rows_take_the_tile_kernel_and_long_rows_stream():
+    assert choose_config(13, 1, 64, 2752).kernel == "tile"  # contest-indexer-100
+    assert choose_config(1, 1, 64, 4096).kernel == "tile"
+    assert choose_config(64, 1, 64, 131072).kernel == "stream"
+    assert choose_config(4, 4, 64, 32768).kernel == "stream"
 
 
 # --- passthrough ----------------------------------------------------------------------------

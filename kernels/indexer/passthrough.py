@@ -7,8 +7,8 @@ the output is the page-table mapping of its visible positions and no key is read
   out[b * N + j, i] = -1                                       for visible <= i < topk
 
 Contract: seq_lens int32 [B]; block_table int32 [B, max_num_pages] (entries past a row's pages
-are never read, they may be -1 or garbage); out int32 [B * N, topk] contiguous. The caller
-guarantees max_num_pages * 64 <= topk (every row fits) — the launcher checks it from shapes.
+may be -1 or garbage: they are read, never written out); out int32 [B * N, topk] contiguous. The
+caller guarantees max_num_pages * 64 <= topk (every row fits) — the launcher checks it from shapes.
 """
 
 from __future__ import annotations
@@ -27,16 +27,19 @@ BLOCK = 1024
 
 
 @triton.jit
-def indexer_passthrough_kernel(seq_lens_ptr, block_table_ptr, out_ptr, bt_stride,
+def indexer_passthrough_kernel(seq_lens_ptr, block_table_ptr, out_ptr, bt_stride, max_len,
                                NEXT_N: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
                                PAGE: tl.constexpr):
     row = tl.program_id(0)
     b = row // NEXT_N
-    visible = tl.load(seq_lens_ptr + b) - NEXT_N + 1 + row % NEXT_N
     i = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-    live = i < visible
-    page = tl.load(block_table_ptr + b * bt_stride + i // PAGE, mask=live, other=0)
-    tl.store(out_ptr + row.to(tl.int64) * TOPK + i, tl.where(live, page * PAGE + i % PAGE, -1), mask=i < TOPK)
+    # The block-table read is masked by the table's width, not by seq_len, so it does not wait
+    # for seq_len: both loads are in flight at once (one memory round trip, not two). An entry
+    # past the row's pages is inside the table and dropped by the select below.
+    page = tl.load(block_table_ptr + b * bt_stride + i // PAGE, mask=i < max_len, other=0)
+    visible = tl.load(seq_lens_ptr + b) - NEXT_N + 1 + row % NEXT_N
+    tl.store(out_ptr + row.to(tl.int64) * TOPK + i, tl.where(i < visible, page * PAGE + i % PAGE, -1),
+             mask=i < TOPK)
 
 
 def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, next_n: int) -> None:
@@ -55,7 +58,7 @@ def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Te
     if rows == 0:
         return
     indexer_passthrough_kernel[(rows, triton.cdiv(topk, BLOCK))](
-        seq_lens, block_table, out, block_table.stride(0),
+        seq_lens, block_table, out, block_table.stride(0), block_table.shape[1] * PAGE_SIZE,
         NEXT_N=next_n, TOPK=topk, BLOCK=BLOCK, PAGE=PAGE_SIZE, num_warps=4, num_stages=1,
     )
 
@@ -63,7 +66,8 @@ def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Te
 def aot_specs() -> list[dict]:
     """Every (next_n, topk) configuration of the indexer definitions, for `dsactl build`."""
     signature = {"seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "out_ptr": "*i32", "bt_stride": "i32",
-                 "NEXT_N": "constexpr", "TOPK": "constexpr", "BLOCK": "constexpr", "PAGE": "constexpr"}
+                 "max_len": "i32", "NEXT_N": "constexpr", "TOPK": "constexpr", "BLOCK": "constexpr",
+                 "PAGE": "constexpr"}
     return [
         {"name": f"indexer_passthrough_topk{topk}_nextn{next_n}", "fn": indexer_passthrough_kernel,
          "signature": signature, "constexprs": {"NEXT_N": next_n, "TOPK": topk, "BLOCK": BLOCK, "PAGE": PAGE_SIZE},
