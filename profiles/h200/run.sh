@@ -34,9 +34,9 @@ if [ "$MODE" = check ]; then
   step doctor 30 $DSACTL doctor --json "$P/doctor.json"
   cp "$LOGS/doctor.log" "$P/doctor.txt"
   step pytest-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests
-  step verify-contest 90 $DSACTL verify --suite contest --trials 1 --json "$P/verify-contest.json"
-  step verify-edge 60 $DSACTL verify --suite edge --trials 1 --json "$P/verify-edge.json"
-  step verify-scale 100 $DSACTL verify --suite scale --trials 1 --json "$P/verify-scale.json"
+  step verify-contest 80 $DSACTL verify --suite contest --trials 1 --json "$P/verify-contest.json"
+  step verify-edge 40 $DSACTL verify --suite edge --trials 1 --json "$P/verify-edge.json"
+  step verify-scale 80 $DSACTL verify --suite scale --trials 1 --json "$P/verify-scale.json"
   # One workload per kernel under memcheck + racecheck (the sanitizer multiplies run time ~100x).
   step verify-sanitize 100 $DSACTL verify --suite all --trials 1 --sanitize --json "$P/verify-sanitize.json" \
     -w contest-indexer-070 -w contest-attention-001 -w scale-attention-h64-t8-fp8 -w scale-topk-r8-len32768-bf16
@@ -45,8 +45,8 @@ if [ "$MODE" = check ]; then
   for d in dsa_topk_indexer_fp8_h64_d128_topk2048_ps64 dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64 \
            dsa_topk_page_transform_topk2048_ps64; do
     suite=contest; [ "${d#dsa_topk_page}" != "$d" ] && suite=edge
-    step "pack-$d" 20 $DSACTL pack -d "$d" -o "$LOGS/$d.json"
-    step "bundle-$d" 60 $DSACTL verify --bundle "$LOGS/$d.json" --suite "$suite" --trials 1 --json "$P/pack/verify-$d.json"
+    step "pack-$d" 15 $DSACTL pack -d "$d" -o "$LOGS/$d.json"
+    step "bundle-$d" 40 $DSACTL verify --bundle "$LOGS/$d.json" --suite "$suite" --trials 1 --json "$P/pack/verify-$d.json"
   done
 else
   step bench-contest-attention 60 $DSACTL bench --suite contest -d 'dsa_sparse_attention*' --trials 2 --iters 20 \
