@@ -14,7 +14,7 @@ from dsactl.errors import DsactlError
 from dsactl.fp8 import PAGE_SIZE, dequantize_index_k
 from dsactl.harness import INT_POISON
 from dsactl.kernels.indexer.passthrough import passthrough
-from dsactl.kernels.indexer.score import (H200_SMS, KERNELS, PROGRAMS_PER_SM, TILE_PROGRAMS_PER_SM,
+from dsactl.kernels.indexer.score import (H200_SMS, LARGE_KEYS, LARGE_PROGRAMS_PER_SM, PROGRAMS_PER_SM,
                                           choose_config, score)
 from dsactl.kernels.indexer import solution
 from dsactl.kernels.indexer.solution import dsa_topk_indexer
@@ -99,17 +99,17 @@ def run_solution(fn, inputs, topk, next_n):
 
 # --- scoring kernel -----------------------------------------------------------------------
 
-SCORE_CONFIGS = {  # (kernel, block_n, steps per program): both kernels, one- and two-page tiles
-    "tile-128": ("tile", 128, 1),
-    "tile-64x2": ("tile", 64, 2),  # two steps per program: the pipelined loop runs
-    "stream-128": ("stream", 128, None),
-    "stream-64": ("stream", 64, None),
+SCORE_CONFIGS = {  # (block_n, steps per program, large pipeline): one- and two-page steps
+    "128x1": (128, 1, False),
+    "64x2": (64, 2, False),  # two steps per program: the pipelined loop runs
+    "64x3-large": (64, 3, True),
+    "128-chosen": (128, None, None),
 }
 
 
 def score_config(name, batch, next_n, heads, width):
-    kernel, block_n, steps = SCORE_CONFIGS[name]
-    cfg = choose_config(batch, next_n, heads, width, block_n=block_n, kernel=kernel)
+    block_n, steps, large = SCORE_CONFIGS[name]
+    cfg = choose_config(batch, next_n, heads, width, block_n=block_n, large=large)
     if steps is not None:
         tokens = steps * cfg.block_n
         cfg = dataclasses.replace(cfg, tokens_per_program=tokens, splits=-(-width // tokens))
@@ -137,14 +137,14 @@ def test_scores_match_float32_reference(heads, next_n, seq_lens, config):
         assert scores[r, seq_len:].isnan().all(), "nothing may be written past seq_len"
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
-def test_requests_that_fit_are_not_scored(kernel):
+@pytest.mark.parametrize("large", [False, True])
+def test_requests_that_fit_are_not_scored(large):
     inputs = make_case([100, 700], heads=64, extra_pages=0, seed=3)
     width = inputs["block_table"].shape[1] * PAGE_SIZE
     scores = torch.full((2, width), float("nan"), device=DEVICE)
     lengths = torch.full((2,), INT_POISON, dtype=torch.int32, device=DEVICE)
     score(inputs["q_index_fp8"], inputs["k_index_cache_fp8"], inputs["weights"], inputs["seq_lens"],
-          inputs["block_table"], scores, lengths, skip_len=512, config=choose_config(2, 1, 64, width, kernel=kernel))
+          inputs["block_table"], scores, lengths, skip_len=512, config=choose_config(2, 1, 64, width, large=large))
     assert lengths.tolist() == [100, 700]
     assert scores[0].isnan().all()
     assert not scores[1, :700].isnan().any()
@@ -161,8 +161,9 @@ def test_score_rejects_malformed_inputs():
         score(args[0][:, :16].contiguous(), *args[1:], scores, lengths)
     with pytest.raises(DsactlError, match="scores"):
         score(*args, scores[:, :64], lengths)
-    with pytest.raises(DsactlError, match="kernel"):
-        choose_config(1, 1, 64, 4096, kernel="fused")
+    cfg = choose_config(1, 1, 64, scores.shape[1])
+    with pytest.raises(DsactlError, match="does not tile"):
+        score(*args, scores, lengths, config=dataclasses.replace(cfg, splits=0))
 
 
 @pytest.mark.parametrize("batch,max_len", [(1, 4096), (1, 131072), (8, 32768), (64, 131072), (128, 131072),
@@ -173,18 +174,16 @@ def test_split_covers_rows_and_fills_the_gpu(batch, max_len):
     assert cfg.splits * cfg.tokens_per_program >= max_len > (cfg.splits - 1) * cfg.tokens_per_program
     programs = batch * cfg.splits
     steps = -(-max_len // cfg.block_n)
-    if cfg.kernel == "tile":  # one program per tile, a few rounds of resident programs at most
-        assert cfg.tokens_per_program == cfg.block_n and programs <= TILE_PROGRAMS_PER_SM * H200_SMS
-        return
-    assert programs >= min(H200_SMS, batch * steps // 2), "small batches of long rows must fill the SMs"
-    assert cfg.splits == 1 or programs <= PROGRAMS_PER_SM * H200_SMS, "no second partial wave"
+    per_sm = LARGE_PROGRAMS_PER_SM if batch * max_len >= LARGE_KEYS else PROGRAMS_PER_SM
+    assert programs >= min(H200_SMS, batch * steps), "small batches of long rows must fill the SMs"
+    assert cfg.splits == 1 or programs <= per_sm * H200_SMS, "no second partial wave"
 
 
-def test_short_rows_take_the_tile_kernel_and_long_rows_stream():
-    assert choose_config(13, 1, 64, 2752).kernel == "tile"  # contest-indexer-100
-    assert choose_config(1, 1, 64, 4096).kernel == "tile"
-    assert choose_config(64, 1, 64, 131072).kernel == "stream"
-    assert choose_config(4, 4, 64, 32768).kernel == "stream"
+def test_large_calls_take_the_deeper_pipeline():
+    short, large = choose_config(13, 1, 64, 2752), choose_config(64, 1, 64, 131072)  # contest-indexer-100, 64 x 128K
+    assert large.num_stages > short.num_stages
+    assert short.tokens_per_program == short.block_n, "short rows: one step per program"
+    assert choose_config(8, 1, 64, 32768).num_stages == short.num_stages  # measured slower with the deep pipeline
 
 
 # --- passthrough ----------------------------------------------------------------------------

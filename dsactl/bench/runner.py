@@ -209,7 +209,32 @@ def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings
     return rows
 
 
-def environment(command: str, method: str, settings: Settings, peaks: Any, self_check: Any) -> dict[str, Any]:
+def checked_method(requested: str | None, peaks: Any, flusher: Any,
+                   self_check: Callable[..., Any] | None = None) -> tuple[str, Any, list[Any]]:
+    """The timing method and its passing self-check: (method, check, rejected checks).
+
+    With auto (requested None or "auto"), a method whose self-check is off is rejected and the
+    next available one is tried: on the H200, once torch.profiler has run in a process, the
+    cupti-python activity records read twice the kernels' time for the rest of it (a 256 MiB
+    copy kernel: 265 us by cupti, 126 us by torch.profiler and 127 us expected). A requested
+    method is kept whatever its check says (bench then flags it)."""
+    from dsactl.bench import peaks as peaks_mod
+
+    check_fn = self_check or peaks_mod.copy_self_check
+    first = timing.pick_method(requested)
+    if requested not in (None, "auto"):
+        return first, check_fn(first, peaks, flusher), []
+    rejected = []
+    for method in [first] + [m for m in timing.available_methods() if m != first]:
+        check = check_fn(method, peaks, flusher)
+        if check.ok:
+            return method, check, rejected
+        rejected.append(check)
+    return first, rejected[0], rejected[1:]
+
+
+def environment(command: str, method: str, settings: Settings, peaks: Any, self_check: Any,
+                rejected: Sequence[Any] = ()) -> dict[str, Any]:
     """The header of every CSV/JSON: what ran, where, how it was timed."""
     import platform
 
@@ -238,6 +263,7 @@ def environment(command: str, method: str, settings: Settings, peaks: Any, self_
         "reference_warmup": REFERENCE_WARMUP,
         "peaks": asdict(peaks) if peaks is not None else None,
         "self_check": self_check.to_json() if self_check is not None else None,
+        "self_check_rejected": [c.to_json() for c in rejected],
     }
 
 
@@ -256,11 +282,10 @@ def bench(workloads: Sequence[Workload], settings: Settings, command: str,
     check_solution_names(settings.solutions)
     if settings.baselines is not None:
         baselines.check_names(settings.baselines)
-    method = timing.pick_method(settings.method)
     flusher = timing.L2Flusher()
     peaks = peaks_mod.load_or_measure()
-    check = peaks_mod.copy_self_check(method, peaks, flusher)
-    meta = environment(command, method, settings, peaks, check)
+    method, check, rejected = checked_method(settings.method, peaks, flusher)
+    meta = environment(command, method, settings, peaks, check, rejected)
     if on_ready:
         on_ready(meta)
 

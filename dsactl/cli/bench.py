@@ -96,6 +96,10 @@ def register(app: typer.Typer) -> None:
                               f"{runner.REFERENCE_WARMUP} warmup (a slow per-row Python loop)")
             peaks = meta["peaks"]
             console.print(f"peaks: copy {peaks['copy_gbps']:.0f} GB/s, bf16 matmul {peaks['bf16_tflops']:.0f} TFLOP/s")
+            for off in meta.get("self_check_rejected", []):
+                console.print(f"[yellow]timing self-check ({off['method']}): copy kernel read {off['measured_us']:.1f} us, "
+                              f"expected {off['expected_us']:.1f} us ({off['deviation']:+.1%}): {off['method']} "
+                              f"not used[/]")
             check = meta["self_check"]
             style = "green" if check["ok"] else "bold red"
             console.print(f"[{style}]timing self-check ({check['method']}): copy kernel over {check['nbytes'] / 2**20:.0f} MiB "

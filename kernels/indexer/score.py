@@ -1,10 +1,6 @@
-"""FP8 paged scoring kernels of the lightning indexer (Triton), one launch per call.
-
-Two kernels compute the same contract; choose_config picks one per shape:
-  indexer_score_tile_kernel  short rows (latency-bound): a step or two per program, every load
-                             issued before the first wait; two dependent memory round trips.
-  indexer_score_kernel       long rows (bandwidth-bound): a pipelined loop of steps per program,
-                             a few programs per SM streaming the request's keys.
+"""FP8 paged scoring kernel of the lightning indexer (Triton), one launch per call: a pipelined
+loop of key steps per program, a few programs per SM streaming each request's keys; choose_config
+sizes the split per shape.
 
 Contract (B requests, N = next_n query tokens per request, H heads, S = max_num_pages * 64):
   q        float8_e4m3fn [B, N, H, 128] contiguous ([B, H, 128] when N = 1)
@@ -134,62 +130,6 @@ def indexer_score_kernel(
         _score_tile(k, scale, qt, w, tok, live, visible, rows, real_j, scores_ptr, scores_stride, BLOCK_N, NQ, HEADS)
 
 
-@triton.jit
-def indexer_score_tile_kernel(
-    q_ptr, k_ptr, scale_ptr, w_ptr, seq_lens_ptr, block_table_ptr, scores_ptr, lengths_ptr,  # as above
-    bt_stride,
-    scores_stride,
-    tokens_per_program,  # a multiple of BLOCK_N
-    max_len,  # block_table columns * PAGE: every entry below it may be read
-    skip_len,
-    HEADS: tl.constexpr,
-    NEXT_N: tl.constexpr,
-    NQ: tl.constexpr,
-    BLOCK_N: tl.constexpr,  # tokens per step, whole pages
-    STAGES: tl.constexpr,
-    PAGE: tl.constexpr,
-    DIM: tl.constexpr,
-    PAGE_BYTES: tl.constexpr,
-    SCALE_OFFSET: tl.constexpr,
-):
-    """Short rows: program (b, split) scores tokens [split, split + 1) * tokens_per_program of
-    request b, a step or two: latency, not bandwidth, bounds it.
-
-    The loop bounds come from the host, not from seq_len, and every load is inside the loop,
-    so the pipeliner's prologue issues them all as async copies: seq_len (as a tile) with
-    the block-table entries, then keys, scales, q and weights together. Two dependent memory
-    round trips before the first dot; q is re-read per step (from L2). A block-table entry
-    past the row's pages is read (its column is inside the table) but only addresses masked
-    loads."""
-    tl.static_assert(BLOCK_N % PAGE == 0, "a step covers whole pages")
-    tl.static_assert(PAGE_BYTES % 4 == 0 and SCALE_OFFSET % 4 == 0, "scales are fp32-aligned in the page")
-    tl.static_assert(NQ >= NEXT_N, "NQ pads NEXT_N")
-    b = tl.program_id(0)
-    split = tl.program_id(1)
-    j = tl.arange(0, NQ)
-    rows = b * NEXT_N + j
-    real_j = j < NEXT_N
-    start = split * tokens_per_program
-    for tok0 in tl.range(start, tl.minimum(start + tokens_per_program, max_len), BLOCK_N, num_stages=STAGES):
-        tok = tok0 + tl.arange(0, BLOCK_N)
-        # seq_len as a tile (one address): a loop load, so it travels with the block-table entries
-        # instead of being waited for before the prologue.
-        seq_len = tl.load(seq_lens_ptr + b + tok * 0)
-        page = tl.load(block_table_ptr + b * bt_stride + tok // PAGE, mask=tok < max_len, other=0).to(tl.int64)
-        live = (tok < seq_len) & (seq_len > skip_len)
-        slot = tok % PAGE
-        d = tl.arange(0, DIM)
-        k = tl.load(k_ptr + (page * PAGE_BYTES + slot * DIM)[:, None] + d[None, :], mask=live[:, None], other=0.0)
-        scale = tl.load(scale_ptr + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + slot, mask=live, other=0.0)
-        # A program with nothing to score (a request that fits, a tile past seq_len) reads no q.
-        read_rows = tl.where(tl.max(live.to(tl.int32), axis=0) > 0, NEXT_N * HEADS, 0)
-        qt, w = _query(q_ptr, w_ptr, b, read_rows, NEXT_N, NQ, HEADS, DIM)
-        visible = tl.max(seq_len, axis=0) - NEXT_N + 1 + j  # [NQ]
-        _score_tile(k, scale, qt, w, tok, live, visible, rows, real_j, scores_ptr, scores_stride, BLOCK_N, NQ, HEADS)
-    if split == 0:
-        tl.store(lengths_ptr + rows, tl.maximum(tl.load(seq_lens_ptr + b) - NEXT_N + 1 + j, 0), mask=real_j)
-
-
 # ---------------------------------------------------------------------------------------------
 # Launch configuration
 # ---------------------------------------------------------------------------------------------
@@ -200,21 +140,7 @@ H200_SMS = 132  # used when no GPU is present (interpreter, AOT builds)
 ACC_PER_THREAD = 64
 MAX_WARPS = 8  # two warpgroups; wider query operands (MTP) take fewer keys per tile instead
 
-# Tile kernel (short rows, latency-bound): keys per program and warps. 128 keys (two pages)
-# make a 128-row wgmma A tile at 4 warps.
-TILE_KEYS = 128
-TILE_WARPS = 4
-# Pipeline of the tile kernel's step: block-table entries and seq_len, then keys, scales and q.
-TILE_STAGES = 3
-# The tile kernel serves a shape while batch * tiles is at most this many programs per SM. A
-# tile program is two dependent memory round trips long and 4 are resident per SM (~51 KB of
-# shared memory, 125 registers x 128 threads), so two rounds of them are expected to beat the
-# stream kernel's longer chain (seq_len and q, then block table, then keys, per program) on
-# shapes this small. An estimate, not yet measured: bench_indexer.py sweep in
-# profiles/h200/indexer times both kernels on the shapes around it.
-TILE_PROGRAMS_PER_SM = 8
-
-# Stream kernel (long rows, bandwidth-bound). Keys per step: two pages, a 128-row wgmma A tile.
+# Keys per step: two pages, a 128-row wgmma A tile.
 KEYS_PER_STEP = 128
 # Software pipeline depth: block-table entries STAGES - 1 steps ahead, keys and scales
 # STAGES - 2 steps ahead (one 16.5 KB tile in flight per program at 3).
@@ -225,20 +151,28 @@ NUM_STAGES = 3
 # scale loads were pipelined): 1.15-1.39x faster on every shape from 32 x 4096 up (e.g.
 # 64 x 131072: 317 us against 439 us).
 PROGRAMS_PER_SM = 4
-# Fewest steps a program should run: below this the pipeline prologue (num_stages - 1 loads
-# issued before the first dot) is most of a program's life.
-MIN_STEPS_PER_PROGRAM = 2
-
-KERNELS = ("tile", "stream")
+# Fewest steps per program. One: short rows are latency-bound, and more programs of one step
+# each beat fewer of two (H200, scoring alone, CUPTI, cold L2, profiles/h200/indexer/sweep.csv:
+# 1 x 4096 2.50 us against 3.23 at two; contest-indexer-080 2.62 against 3.30; within 1% on
+# every long shape). A one-step program kernel with every load issued up front (no loop) was
+# slower than this on every short shape measured (e.g. 1 x 4096 2.66 us, contest-indexer-100
+# 4.51 against 3.20), so one kernel serves every shape.
+MIN_STEPS_PER_PROGRAM = 1
+# Large calls (batch x max_len keys at least LARGE_KEYS) are pure streaming: a deeper pipeline
+# with fewer programs per SM keeps more bytes in flight per program. Measured (sweep.csv):
+# 64 x 32768 75.6 us against 81.4, 64 x 131072 286 against 310, 128 x 131072 562 against 609;
+# but slower below (8 x 32768 12.5 against 11.2, 1 x 131072 7.7 against 6.8).
+LARGE_KEYS = 64 * 32768
+LARGE_STAGES = 5
+LARGE_PROGRAMS_PER_SM = 3
 
 
 @dataclass(frozen=True)
 class ScoreConfig:
-    kernel: str  # "tile": a step or two per program, every load issued at once; "stream": a pipelined loop
-    block_n: int  # keys per tile or step, whole pages
+    block_n: int  # keys per step, whole pages
     num_warps: int
     num_stages: int
-    tokens_per_program: int  # a multiple of block_n (choose_config gives the tile kernel one step)
+    tokens_per_program: int  # a multiple of block_n
     splits: int  # programs per request
 
 
@@ -257,43 +191,36 @@ def _fit(block_n: int, num_warps: int, width: int) -> tuple[int, int]:
 
 
 def choose_config(batch: int, next_n: int, heads: int, max_len: int, num_sms: int = H200_SMS,
-                  block_n: int | None = None, kernel: str | None = None) -> ScoreConfig:
-    """One launch configuration per shape (block_n and kernel override the choice, for tests
-    and tuning sweeps).
+                  block_n: int | None = None, large: bool | None = None) -> ScoreConfig:
+    """One launch configuration per shape (block_n and large override the choice, for tests,
+    builds and tuning sweeps).
 
     Tiles: block_n keys (the wgmma M side) against all NQ * heads query rows (the N side), so
     the head sum is a per-thread row reduction. The accumulator is block_n x NQ*heads fp32:
     for 64 heads and one query token that is 64 values per thread at 4 warps; wider q (MTP:
     NQ * heads up to 256) takes 8 warps, then one-page tiles, to stay at ACC_PER_THREAD.
 
-    Kernel: the tile kernel (one tile per program, every load issued at once) while batch x
-    tiles fits TILE_PROGRAMS_PER_SM programs per SM; otherwise the stream kernel, whose
-    requests are cut into `splits` equal chunks so that batch * splits fills PROGRAMS_PER_SM
-    programs on every SM in one wave, with at least MIN_STEPS_PER_PROGRAM steps per program.
-    Both grids are static (from max_len, known on the host): no device sync; a request shorter
-    than max_len leaves some programs idle.
+    Split: requests are cut into `splits` equal chunks so that batch * splits fills
+    PROGRAMS_PER_SM programs on every SM in one wave (LARGE_PROGRAMS_PER_SM, with a deeper
+    pipeline, for calls of at least LARGE_KEYS keys), with at least MIN_STEPS_PER_PROGRAM steps
+    per program. The grid is static (from max_len, known on the host): no device sync; a
+    request shorter than max_len leaves some programs idle.
 
-    Measured alternatives for the stream kernel (H200, scoring alone, cold L2, before its scale
-    loads were pipelined): 1-page steps and 4 stages, or 8 warps, or 4 stages: no faster
-    (within 2%) or slower; the keys and scales prefetched by hand into registers (num_stages =
-    1): 1.2-1.9x slower, registers cap the bytes in flight; TMA descriptor loads per page:
-    within 3% either way.
+    Measured alternatives (H200, scoring alone, cold L2, before the scale loads were
+    pipelined): 1-page steps and 4 stages, or 8 warps, or 4 stages: no faster (within 2%) or
+    slower; the keys and scales prefetched by hand into registers (num_stages = 1): 1.2-1.9x
+    slower, registers cap the bytes in flight; TMA descriptor loads per page: within 3% either way.
     """
     width = _nq(next_n) * heads
-    if kernel is None:
-        tile_n, _ = _fit(TILE_KEYS, TILE_WARPS, width)
-        kernel = "tile" if batch * triton.cdiv(max_len, tile_n) <= TILE_PROGRAMS_PER_SM * num_sms else "stream"
-    if kernel == "tile":
-        block_n, num_warps = _fit(block_n or TILE_KEYS, TILE_WARPS, width)
-        return ScoreConfig("tile", block_n, num_warps, TILE_STAGES, block_n, triton.cdiv(max_len, block_n))
-    if kernel != "stream":
-        raise DsactlError(f"indexer score kernel must be one of {KERNELS}, got {kernel!r}")
+    if large is None:
+        large = batch * max_len >= LARGE_KEYS
+    stages, per_sm = (LARGE_STAGES, LARGE_PROGRAMS_PER_SM) if large else (NUM_STAGES, PROGRAMS_PER_SM)
     block_n, num_warps = _fit(block_n or KEYS_PER_STEP, 4, width)
     steps = triton.cdiv(max_len, block_n)
-    splits = max(1, min(num_sms * PROGRAMS_PER_SM // max(batch, 1), steps // MIN_STEPS_PER_PROGRAM))
+    splits = max(1, min(num_sms * per_sm // max(batch, 1), steps // MIN_STEPS_PER_PROGRAM))
     steps_per_program = triton.cdiv(steps, splits)
     splits = triton.cdiv(steps, steps_per_program)
-    return ScoreConfig("stream", block_n, num_warps, NUM_STAGES, steps_per_program * block_n, splits)
+    return ScoreConfig(block_n, num_warps, stages, steps_per_program * block_n, splits)
 
 
 @lru_cache(maxsize=None)
@@ -358,48 +285,37 @@ def score(q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, seq_lens:
         lengths.zero_()
         return
     cfg = config or choose_config(batch, next_n, heads, max_len, _num_sms(q.device))
-    if cfg.kernel not in KERNELS or cfg.tokens_per_program % cfg.block_n or cfg.block_n % PAGE_SIZE \
-            or cfg.splits * cfg.tokens_per_program < max_len:
+    if cfg.tokens_per_program % cfg.block_n or cfg.block_n % PAGE_SIZE or cfg.splits * cfg.tokens_per_program < max_len:
         raise DsactlError(f"indexer score config {cfg} does not tile rows of {max_len} tokens")
-    args = (q, cache.view(torch.float8_e4m3fn), cache.view(torch.float32), weights, seq_lens, block_table,
-            scores, lengths, block_table.stride(0), scores.stride(0))
-    layout = dict(HEADS=heads, NEXT_N=next_n, NQ=_nq(next_n), BLOCK_N=cfg.block_n, PAGE=PAGE_SIZE,
-                  DIM=INDEX_HEAD_DIM, PAGE_BYTES=INDEX_PAGE_BYTES, SCALE_OFFSET=INDEX_SCALE_OFFSET)
-    if cfg.kernel == "tile":
-        indexer_score_tile_kernel[(batch, cfg.splits)](*args, cfg.tokens_per_program, max_len, skip_len, **layout,
-                                                       STAGES=cfg.num_stages, num_warps=cfg.num_warps,
-                                                       num_stages=cfg.num_stages)
-    else:
-        indexer_score_kernel[(batch, cfg.splits)](*args, cfg.tokens_per_program, skip_len, **layout,
-                                                  STAGES=cfg.num_stages, num_warps=cfg.num_warps,
-                                                  num_stages=cfg.num_stages)
+    indexer_score_kernel[(batch, cfg.splits)](
+        q, cache.view(torch.float8_e4m3fn), cache.view(torch.float32), weights, seq_lens, block_table, scores, lengths,
+        block_table.stride(0), scores.stride(0), cfg.tokens_per_program, skip_len,
+        HEADS=heads, NEXT_N=next_n, NQ=_nq(next_n), BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, PAGE=PAGE_SIZE,
+        DIM=INDEX_HEAD_DIM, PAGE_BYTES=INDEX_PAGE_BYTES, SCALE_OFFSET=INDEX_SCALE_OFFSET,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
-_POINTERS = {
+_SIGNATURE = {
     "q_ptr": "*fp8e4nv", "k_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "seq_lens_ptr": "*i32",
     "block_table_ptr": "*i32", "scores_ptr": "*fp32", "lengths_ptr": "*i32", "bt_stride": "i32", "scores_stride": "i32",
-}
-_KERNELS = {  # kernel -> (jit function, its scalar arguments after the pointers)
-    "tile": (indexer_score_tile_kernel, {"tokens_per_program": "i32", "max_len": "i32", "skip_len": "i32"}),
-    "stream": (indexer_score_kernel, {"tokens_per_program": "i32", "skip_len": "i32"}),
+    "tokens_per_program": "i32", "skip_len": "i32",
 }
 
 
 def aot_specs() -> list[dict]:
-    """Every (kernel, heads, next_n) configuration choose_config can return, for `dsactl build`."""
+    """Every (heads, next_n, pipeline) configuration choose_config can return, for `dsactl build`."""
     specs = []
-    for kernel, (fn, scalars) in _KERNELS.items():
+    for large in (False, True):
         for heads in HEADS:
             for next_n in range(1, MAX_NEXT_N + 1):
-                cfg = choose_config(1, next_n, heads, PAGE_SIZE, kernel=kernel)
+                cfg = choose_config(1, next_n, heads, PAGE_SIZE, large=large)
                 constexprs = {"HEADS": heads, "NEXT_N": next_n, "NQ": _nq(next_n), "BLOCK_N": cfg.block_n,
-                              "PAGE": PAGE_SIZE, "DIM": INDEX_HEAD_DIM, "PAGE_BYTES": INDEX_PAGE_BYTES,
-                              "SCALE_OFFSET": INDEX_SCALE_OFFSET}
-                constexprs["STAGES"] = cfg.num_stages
+                              "STAGES": cfg.num_stages, "PAGE": PAGE_SIZE, "DIM": INDEX_HEAD_DIM,
+                              "PAGE_BYTES": INDEX_PAGE_BYTES, "SCALE_OFFSET": INDEX_SCALE_OFFSET}
                 specs.append({
-                    "name": f"indexer_score_{kernel}_h{heads}_nextn{next_n}",
-                    "fn": fn,
-                    "signature": {**_POINTERS, **scalars, **{k: "constexpr" for k in constexprs}},
+                    "name": f"indexer_score_h{heads}_nextn{next_n}_s{cfg.num_stages}",
+                    "fn": indexer_score_kernel,
+                    "signature": {**_SIGNATURE, **{k: "constexpr" for k in constexprs}},
                     "constexprs": constexprs,
                     "num_warps": cfg.num_warps,
                     "num_stages": cfg.num_stages,

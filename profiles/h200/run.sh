@@ -4,6 +4,7 @@
 # checkout imports as is, with the image's torch/triton):
 #   bash profiles/h200/run.sh check OUTDIR   # doctor, GPU tests, verify contest/edge/scale, sanitizer, bundles
 #   bash profiles/h200/run.sh perf  OUTDIR   # benches (contest + scale), ncu profiles (contest + largest scale)
+#   bash profiles/h200/run.sh followup OUTDIR  # after the indexer config change: its tests, old vs new, sanitizer
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
@@ -36,9 +37,9 @@ if [ "$MODE" = check ]; then
   step pytest-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests
   step verify-contest 80 $DSACTL verify --suite contest --trials 1 --json "$P/verify-contest.json"
   step verify-edge 40 $DSACTL verify --suite edge --trials 1 --json "$P/verify-edge.json"
-  step verify-scale 80 $DSACTL verify --suite scale --trials 1 --json "$P/verify-scale.json"
+  step verify-scale 60 $DSACTL verify --suite scale --trials 1 --json "$P/verify-scale.json"
   # One workload per kernel under memcheck + racecheck (the sanitizer multiplies run time ~100x).
-  step verify-sanitize 100 $DSACTL verify --suite all --trials 1 --sanitize --json "$P/verify-sanitize.json" \
+  step verify-sanitize 90 $DSACTL verify --suite all --trials 1 --sanitize --json "$P/verify-sanitize.json" \
     -w contest-indexer-070 -w contest-attention-001 -w scale-attention-h64-t8-fp8 -w scale-topk-r8-len32768-bf16
   # Each bundle is unpacked by verify --bundle into an empty temporary folder outside the repository.
   mkdir -p "$P/pack"
@@ -48,21 +49,29 @@ if [ "$MODE" = check ]; then
     step "pack-$d" 15 $DSACTL pack -d "$d" -o "$LOGS/$d.json"
     step "bundle-$d" 40 $DSACTL verify --bundle "$LOGS/$d.json" --suite "$suite" --trials 1 --json "$P/pack/verify-$d.json"
   done
+elif [ "$MODE" = followup ]; then
+  step pytest-indexer-bench 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_indexer.py tests/test_bench.py
+  step indexer-sweep 40 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
+    python3 $P/indexer/bench_indexer.py sweep --iters 10 --out "$P/indexer"
+  step verify-sanitize 100 $DSACTL verify --suite all --trials 1 --sanitize --json "$P/verify-sanitize.json" \
+    -s dsactl-indexer -s dsactl-attention -s dsactl-topk \
+    -w contest-indexer-070 -w contest-attention-001 -w scale-topk-r8-len32768-bf16
+  step indexer-contest 80 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
+    python3 $P/indexer/bench_indexer.py contest --iters 10 --out "$P/indexer"
 else
-  step bench-contest-attention 60 $DSACTL bench --suite contest -d 'dsa_sparse_attention*' --trials 2 --iters 20 \
+  step bench-contest-attention 40 $DSACTL bench --suite contest -d 'dsa_sparse_attention*' --trials 2 --iters 20 \
     --csv "$P/bench-contest-attention.csv" --plot "$P/plots-contest-attention"
-  step bench-contest-indexer 150 $DSACTL bench --suite contest -d 'dsa_topk_indexer*' --trials 1 --iters 20 \
+  step bench-contest-indexer 90 $DSACTL bench --suite contest -d 'dsa_topk_indexer*' --trials 1 --iters 10 \
     --csv "$P/bench-contest-indexer.csv" --plot "$P/plots-contest-indexer"
-  step bench-scale-topk 70 $DSACTL bench --suite scale -d 'dsa_topk_page_transform*' --no-reference --trials 1 \
-    --iters 20 --csv "$P/bench-scale-topk.csv" --plot "$P/plots-scale-topk"
-  step bench-scale-indexer 50 $DSACTL bench --suite scale -d 'dsa_topk_indexer*' --no-reference --trials 1 \
-    --iters 10 --csv "$P/bench-scale-indexer.csv" --plot "$P/plots-scale-indexer"
-  step bench-scale-attention 60 $DSACTL bench --suite scale -d 'dsa_sparse_attention*' --no-reference --trials 1 \
-    --iters 10 --csv "$P/bench-scale-attention.csv" --plot "$P/plots-scale-attention"
-  step profile-contest 60 $DSACTL profile --ncu roofline --suite contest \
+  step bench-scale-topk 50 $DSACTL bench --suite scale -d 'dsa_topk_page_transform*' --no-reference --trials 1 \
+    --iters 10 --csv "$P/bench-scale-topk.csv" --plot "$P/plots-scale-topk"
+  # Indexer scoring alone on the DeepGEMM shapes and score + top-k at 64/128 x 131072, against the
+  # previous kernels (profiles/h200/indexer/run.sh prepare saves them in .carry/indexer_old).
+  step indexer-old-vs-new 70 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
+    python3 $P/indexer/bench_indexer.py sweep e2e --out "$P/indexer"
+  step profile-contest 50 $DSACTL profile --ncu roofline --suite contest \
     -w contest-indexer-000 -w contest-indexer-100 -w contest-attention-001 -o "$P/ncu-contest"
-  step profile-scale 90 $DSACTL profile --ncu roofline --suite scale -w scale-indexer-b128-ctx131072 \
-    -w scale-topk-r128-len131072-bf16 -w scale-topk-r1-len5824-bf16 -w scale-attention-h128-t256-fp8 \
-    -w scale-attention-h128-t128-bf16 -o "$P/ncu-scale"
+  step profile-scale 60 $DSACTL profile --ncu roofline --suite scale -w scale-indexer-b128-ctx131072 \
+    -w scale-topk-r128-len131072-bf16 -w scale-attention-h128-t128-bf16 -o "$P/ncu-scale"
 fi
 tar czf "$OUT/results-$MODE.tgz" "$P" build/sm90a/report.json 2>/dev/null

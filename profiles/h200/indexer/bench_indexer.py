@@ -4,7 +4,7 @@ kernels/indexer, package `old_indexer` under .carry/indexer_old) against the wor
   sweep    scoring alone on the DeepGEMM shapes and a few contest workloads, every
            configuration variant below; each variant's scores checked against the old kernel's
   contest  all 128 contest indexer workloads: old and new solution, and per kernel for the
-           scored ones (old score, new score as chosen, tile and stream kernels, top-k alone)
+           scored ones (old score, new score as chosen, top-k alone)
   e2e      score + top-k (the whole solution) at 64 and 128 x 131072
 
 Timing: dsactl.bench.timing.measure, CUPTI kernel time (the sum of the call's kernels), cold L2
@@ -45,7 +45,6 @@ DEEPGEMM = {"scale-indexer-b1-ctx4096": 3.9, "scale-indexer-b32-ctx4096": 9.9, "
             "scale-indexer-b64-ctx131072": 279.0, "scale-indexer-b128-ctx131072": 546.0}
 SWEEP_CONTEST = ["contest-indexer-100", "contest-indexer-080", "contest-indexer-069", "contest-indexer-090",
                  "contest-indexer-098"]
-TILE_SWEEP_MAX_PROGRAMS = 4096  # the tile kernel is not tried on shapes with more tiles than this
 
 FLUSHER = None
 SMS = 132
@@ -60,25 +59,16 @@ def stream(batch, max_len, block_n=128, stages=3, pps=4, min_steps=2, warps=4) -
     steps = triton.cdiv(max_len, block_n)
     splits = max(1, min(SMS * pps // batch, steps // min_steps))
     per = triton.cdiv(steps, splits)
-    return ScoreConfig("stream", block_n, warps, stages, per * block_n, triton.cdiv(steps, per))
-
-
-def tile(batch, max_len, block_n=128, steps=1) -> ScoreConfig:
-    cfg = choose_config(batch, 1, 64, max_len, SMS, block_n=block_n, kernel="tile")
-    tokens = steps * cfg.block_n
-    return ScoreConfig("tile", cfg.block_n, cfg.num_warps, cfg.num_stages, tokens, triton.cdiv(max_len, tokens))
+    return ScoreConfig(block_n, warps, stages, per * block_n, triton.cdiv(steps, per))
 
 
 VARIANTS = {  # name -> config builder (batch, max_len); None: the old kernel's own choice
     "old": None,
     "new": lambda b, n: choose_config(b, 1, 64, n, SMS),
-    "tile-128": lambda b, n: tile(b, n, 128),
-    "tile-64": lambda b, n: tile(b, n, 64),
-    "tile-128x2": lambda b, n: tile(b, n, 128, steps=2),
-    "tile-256w8": lambda b, n: tile(b, n, 256),
     "stream-s3p4": lambda b, n: stream(b, n),
     "stream-s3p4m1": lambda b, n: stream(b, n, min_steps=1),
     "stream-s5p3": lambda b, n: stream(b, n, stages=5, pps=3),
+    "stream-s4p3m1": lambda b, n: stream(b, n, stages=4, pps=3, min_steps=1),
     "stream-64s5p4": lambda b, n: stream(b, n, block_n=64, stages=5, pps=4),
 }
 
@@ -115,9 +105,6 @@ def sweep(args, out):
         old_score.score(*ref, skip_len=skip)
         for name, build in VARIANTS.items():
             cfg = None if build is None else build(batch, max_len)
-            too_many = cfg is not None and cfg.kernel == "tile" and batch * cfg.splits > TILE_SWEEP_MAX_PROGRAMS
-            if too_many and name != "new":
-                continue
             a = score_args(inputs)
             if cfg is None:
                 fn = functools.partial(old_score.score, *a, skip_len=skip)
@@ -129,7 +116,7 @@ def sweep(args, out):
             med, low = timed(fn, args.iters, args.warmup)
             dg = DEEPGEMM.get(w.uuid)
             row = {"workload": w.uuid, "batch": batch, "max_len": max_len, "variant": name,
-                   "kernel": "old" if cfg is None else cfg.kernel, "block_n": cfg.block_n if cfg else "",
+                   "block_n": cfg.block_n if cfg else "",
                    "warps": cfg.num_warps if cfg else "", "stages": cfg.num_stages if cfg else "",
                    "tokens_per_program": cfg.tokens_per_program if cfg else "",
                    "programs": batch * cfg.splits if cfg else "", "median_us": round(med, 3),
@@ -138,7 +125,7 @@ def sweep(args, out):
                    "mismatches": bad, "stray_writes": stray}
             rows.append(row)
             write(out / "sweep.csv", rows)
-            print(f"{w.uuid:30s} {name:14s} {row['kernel']:6s} {med:9.2f} us  {row['gbps']:7.1f} GB/s  "
+            print(f"{w.uuid:30s} {name:14s} s{row['stages'] or '-'} {med:9.2f} us  {row['gbps']:7.1f} GB/s  "
                   f"x{row['x_deepgemm']}  bad={bad} stray={stray}", flush=True)
         del inputs, ref
         torch.cuda.empty_cache()
@@ -147,7 +134,7 @@ def sweep(args, out):
         sel = {r["variant"]: r for r in rows if r["workload"] == uuid}
         best = min(sel.values(), key=lambda r: r["median_us"])
         print(f"{uuid:30s} old {sel['old']['median_us']:8.2f}  new {sel['new']['median_us']:8.2f} "
-              f"({sel['new']['kernel']})  best {best['variant']} {best['median_us']:8.2f}  "
+              f"(s{sel['new']['stages']})  best {best['variant']} {best['median_us']:8.2f}  "
               f"DeepGEMM {sel['new']['deepgemm_us'] or '-'}")
 
 
@@ -171,15 +158,11 @@ def contest(args, out):
         if scored:
             inputs = call.inputs
             batch, max_len = inputs["q_index_fp8"].shape[0], w.axes["max_num_pages"] * PAGE_SIZE
-            chosen = choose_config(batch, 1, 64, max_len, SMS)
-            row["new_kernel"] = chosen.kernel
             s = score_args(inputs)
             row["old_score_us"] = round(timed(functools.partial(old_score.score, *s, skip_len=TOPK),
                                               args.iters, args.warmup)[0], 3)
-            for kernel in ("tile", "stream"):
-                cfg = choose_config(batch, 1, 64, max_len, SMS, kernel=kernel)
-                f = functools.partial(new_score.score, *s, skip_len=TOPK, config=cfg)
-                row[f"{kernel}_score_us"] = round(timed(f, args.iters, args.warmup)[0], 3)
+            f = functools.partial(new_score.score, *s, skip_len=TOPK)
+            row["new_score_us"] = round(timed(f, args.iters, args.warmup)[0], 3)
             r2b = torch.arange(batch, dtype=torch.int32, device="cuda")
             o = torch.empty(batch, TOPK, dtype=torch.int32, device="cuda")
             f = functools.partial(topk_page_transform, s[5], s[6], inputs["block_table"], r2b, o, TOPK)
