@@ -1,6 +1,6 @@
 """Calls for compute-sanitizer memcheck: the solution on a scored and a passthrough contest
-workload and the MTP edge workload, and both scoring kernels forced on a var-len MTP batch
-whose block table is padded with -1 (entries past a row's pages are read by the tile kernel).
+workload and the MTP edge workload, and both pipeline configurations forced on a var-len MTP
+batch whose block table is padded with -1 (entries past a row's pages must never be dereferenced).
 
   PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck --error-exitcode 1 \\
       python3 profiles/h200/indexer/memcheck.py
@@ -31,11 +31,11 @@ w = Workload("memcheck", name, "memcheck", "memcheck",
              {"seq_lens": seq_lens, "table_pad": -1})
 inputs = make_inputs(w, "cuda", 0)
 width = inputs["block_table"].shape[1] * PAGE_SIZE
-for kernel in ("tile", "stream"):
+for large in (False, True):
     scores = torch.empty(len(seq_lens) * 3, width, device="cuda")
     lengths = torch.empty(len(seq_lens) * 3, dtype=torch.int32, device="cuda")
     score(inputs["q_index_fp8"], inputs["k_index_cache_fp8"], inputs["weights"], inputs["seq_lens"],
           inputs["block_table"], scores, lengths, skip_len=512,
-          config=choose_config(len(seq_lens), 3, 64, width, kernel=kernel))
+          config=choose_config(len(seq_lens), 3, 64, width, large=large))
     torch.cuda.synchronize()
-    print("var-len next_n=3", kernel, "ok", flush=True)
+    print("var-len next_n=3 large" if large else "var-len next_n=3", "ok", flush=True)
