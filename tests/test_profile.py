@@ -265,10 +265,13 @@ def test_reading_after_collection_runs_in_a_child_and_survives_its_crash(tmp_pat
 
 
 def test_committed_h200_profiles_of_our_kernels_parse():
-    folder = Path(__file__).resolve().parents[1] / "profiles" / "h200" / "ncu-contest"
-    launches = report.load(sorted(folder.glob("*.ncu-rep")))
+    root = Path(__file__).resolve().parents[1] / "profiles" / "h200"
+    launches = report.load(sorted(root.glob("ncu-*/*.ncu-rep")))
     kernels = set(launches["kernel"])
-    assert {"indexer_score_kernel", "topk_page_transform_kernel", "_sparse_mla_combine_kernel"} <= kernels
+    assert {"indexer_score_kernel", "topk_row_kernel", "topk_page_transform_kernel", "_sparse_mla_bf16_kernel",
+            "_sparse_mla_combine_kernel"} <= kernels
     score = launches[launches["kernel"] == "indexer_score_kernel"].iloc[0]
     assert score["active_sms"] == score["sms"] == 132  # the score launch fills the H200
+    attention = launches[launches["kernel"] == "_sparse_mla_bf16_kernel"]
+    assert (attention["tensor_pct"] > 0).all(), "tensor-core work must be counted"
     assert (launches["duration_us"] > 0).all() and (launches["tflops"] >= 0).all()
