@@ -377,6 +377,30 @@ def _workspace(device: torch.device, numel: int) -> torch.Tensor:
     return buf
 
 
+def split_partials(device: torch.device, num_tokens: int, splits: int, heads: int
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(acc, m, l): the fp32 partials of `splits` splits in the per-device workspace, row
+    (token * splits + split) * heads + head; acc has MLA_CKV_DIM values a row. Any kernel that
+    writes this layout can be finished by combine()."""
+    rows = num_tokens * splits * heads
+    ws = _workspace(device, rows * (MLA_CKV_DIM + 2))
+    return ws[: rows * MLA_CKV_DIM], ws[rows * MLA_CKV_DIM:][:rows], ws[rows * (MLA_CKV_DIM + 1):][:rows]
+
+
+def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink: torch.Tensor | None,
+            output: torch.Tensor, lse: torch.Tensor, lse_scale: float, heads: int, splits: int,
+            num_tokens: int) -> None:
+    """Merge split_partials() into output and lse (exact fp32 log-sum-exp merge, sink included)."""
+    part_acc, part_m, part_l = partials
+    splits_pad, block_hc = combine_blocks(splits, heads)
+    _sparse_mla_combine_kernel[(MLA_CKV_DIM // COMBINE_BLOCK_D, heads // block_hc, num_tokens)](
+        part_acc, part_m, part_l, attn_sink if attn_sink is not None else lse, output, lse,
+        lse_scale, heads, splits, int(attn_sink is not None),
+        output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
+        SPLITS_PAD=splits_pad, BLOCK_HC=block_hc, BLOCK_D=COMBINE_BLOCK_D, num_warps=COMBINE_WARPS,
+    )
+
+
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise DsactlError(f"sparse MLA attention: {message}")
@@ -438,14 +462,9 @@ def sparse_mla_attention(
     splits = num_splits or num_splits_for(num_tokens, heads, topk, cfg, _num_sms(device))
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
     lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
-    if splits == 1:
-        part_acc = part_m = part_l = lse  # unused: the program writes the final output
-    else:
-        rows = num_tokens * splits * heads
-        ws = _workspace(device, rows * (MLA_CKV_DIM + 2))
-        part_acc = ws[: rows * MLA_CKV_DIM]
-        part_m = ws[rows * MLA_CKV_DIM:][:rows]
-        part_l = ws[rows * (MLA_CKV_DIM + 1):][:rows]
+    # splits == 1: the program writes the final output; the partial pointers are never read.
+    partials = (lse, lse, lse) if splits == 1 else split_partials(device, num_tokens, splits, heads)
+    part_acc, part_m, part_l = partials
     # Absent optional inputs: a pointer of the same dtype that the kernel never reads.
     topk_length_arg = topk_length if topk_length is not None else sparse_indices
     sink_arg = attn_sink if attn_sink is not None else lse
@@ -463,13 +482,7 @@ def sparse_mla_attention(
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
-        splits_pad, block_hc = combine_blocks(splits, heads)
-        _sparse_mla_combine_kernel[(MLA_CKV_DIM // COMBINE_BLOCK_D, heads // block_hc, num_tokens)](
-            part_acc, part_m, part_l, sink_arg, output, lse,
-            lse_scale, heads, splits, int(attn_sink is not None),
-            output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-            SPLITS_PAD=splits_pad, BLOCK_HC=block_hc, BLOCK_D=COMBINE_BLOCK_D, num_warps=COMBINE_WARPS,
-        )
+        combine(partials, attn_sink, output, lse, lse_scale, heads, splits, num_tokens)
 
 
 def aot_specs() -> list[dict]:

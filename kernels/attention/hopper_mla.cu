@@ -1,0 +1,729 @@
+// Sparse MLA decode attention for Hopper (sm_90a): warp-specialized, wgmma + mbarrier + cp.async.
+//
+// Contract (C ABI dsa_hopper_mla_decode below; DESIGN.md sections 1-3, the same operator as
+// triton_sparse_mla.py), per query token t and head h of a group of 64:
+//   q_nope [T, H, 512] bf16, q_pe [T, H, 64] bf16: last dim contiguous, token/head strides free
+//     (multiples of 8 elements), 16-byte aligned base. H in {64, 128}.
+//   KV, one latent head shared by all query heads, either
+//     bf16: ckv rows of 512 and kpe rows of 64 values (row strides multiples of 8 elements,
+//           16-byte aligned bases), indexed by physical token id; or
+//     FP8:  656 contiguous bytes per token (512 e4m3, 4 fp32 scales one per 128 values, 64 bf16
+//           rope values), 16-byte aligned base.
+//   indices [T, topk] int32 physical token ids, topk a multiple of 64 in [64, 2048]; any negative
+//     id (the contract's -1) is masked anywhere in the row: score -inf, row never dereferenced.
+//   Split s of S takes the row positions s, s + S, s + 2S, ... (as the Triton kernel, so the
+//     partials feed its combine kernel unchanged).
+//   S == 1: output [T, H, 512] bf16 = softmax(sm_scale * q.k) . ckv and lse [T, H] fp32
+//     (lse_scale 1: base 2; 1/log2(e): base e); a row with no valid id gives 0 and -inf.
+//   S > 1: fp32 partials, row (t * S + s) * H + h: part_acc [., 512] unnormalized output,
+//     part_m [.] running max and part_l [.] running sum of the log2-domain logits (empty: -inf, 0).
+//
+// CTA = one token x one group of 64 heads x one split; 3 warpgroups (384 threads):
+//   warpgroup 0, producer: gathers the 64 selected KV rows of each block by index into a 2-stage
+//     shared-memory ring (bf16: cp.async 16-byte chunks; FP8: 16-byte loads, dequantized with
+//     st.shared), signals full[stage]; waits empty[stage] before reusing a stage.
+//   warpgroups 1 and 2, consumers c = 0, 1: S_c = Q . K[32c .. 32c+31]^T (m64n32k16, Q resident),
+//     exchange row maxima (named barrier of the two consumers only), write P_c (bf16; fp16 on the
+//     FP8 path) to shared memory, barrier, then O[:, 256c .. 256c+255] += P[64 x 64] . V[64 x 256]
+//     (m64n256k16, V = the first 512 columns of the K tile read MN-major). Online softmax in the
+//     log2 domain; both consumers derive the same running max from the exchanged maxima, so the
+//     rescale factors need no further exchange; the row sums are added once at the end.
+// Why this shape:
+//   - Hopper's TMA has no gather: the producer moves rows by index with cp.async (bf16) or plain
+//     loads it can dequantize on the way (FP8), and publishes them with an mbarrier.
+//   - The consumers split the work instead of duplicating it: each MMA runs once per CTA (Triton's
+//     8-warp tl.dot gave both warpgroups the whole Q.K^T: 1.53x the tensor work, issue 7).
+//   - Hand-offs are mbarriers (producer <-> consumers) and named barriers of the 256 consumer
+//     threads; no block-wide barrier after the prologue.
+//   - setmaxnreg moves registers from the producer to the consumers, whose O accumulator alone is
+//     128 fp32 registers a thread.
+//   - Split-KV (grid y) fills the SMs when tokens x head groups are few; fp32 partials are reduced
+//     by triton_sparse_mla's combine kernel.
+//
+// FP8 KV runs the MMAs in fp16, not bf16: e4m3 x fp32 scale rounded to bf16 (8-bit mantissa) fails
+// the contest tolerance (1e-2 abs and rel; emulated on the test inputs: 52 of 262144 outputs and the
+// lse of 1-token rows off), rounded to fp16 (11 bits) it passes. So that path converts Q to fp16
+// once (exact for bf16 values in fp16's normal range), dequantizes K/V to fp16 and rounds P to
+// fp16. Its assumption: |q| and the dequantized |kv| stay below 65504 (fp16's largest value).
+//
+// Shared-memory tiles are 128-byte-swizzled K-major: a [rows x 576] bf16 tile is 9 chunks of
+// [rows x 64] (one 128-byte row per matrix row), element (r, 8k + e) of a chunk at byte
+// r * 128 + ((k ^ (r % 8)) * 16) + 2e, every chunk 1024-byte aligned (the swizzle is taken on
+// address bits, and descriptor base offset 0 assumes aligned atoms).
+
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "hopper_mla_ptx.cuh"
+
+namespace hopper_mla {
+namespace {
+
+// ---- problem and tile constants ---------------------------------------------------------------
+constexpr int kCkvDim = 512;
+constexpr int kKpeDim = 64;
+constexpr int kQkDim = kCkvDim + kKpeDim;  // 576
+constexpr int kMaxTopk = 2048;             // the operator's largest topk
+constexpr int kMaxSplits = 32;             // the Triton combine's largest split count (MAX_SPLITS)
+constexpr int kMaxTokens = 65535;          // tokens are the grid's z dimension
+constexpr int kHeadsPerCta = 64;           // wgmma M: one warpgroup's accumulator rows
+constexpr int kBlockTokens = 64;           // tokens per ring stage (a 64-token page of indices)
+constexpr int kConsumers = 2;
+constexpr int kTokensPerConsumer = kBlockTokens / kConsumers;  // S: wgmma N = 32 per consumer
+constexpr int kColsPerConsumer = kCkvDim / kConsumers;         // O: wgmma N = 256 per consumer
+constexpr int kWarpgroupThreads = 128;
+constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);  // 384
+constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
+constexpr int kStages = 2;  // all that fits beside the resident Q (static_assert below)
+constexpr int kMmaK = 16;   // wgmma K for bf16
+
+// FP8 token layout (dsactl/fp8.py).
+constexpr int kFp8TokenBytes = 656;
+constexpr int kFp8ScaleOffset = 512;
+constexpr int kFp8KpeOffset = 528;
+constexpr int kScaleGroup = 128;
+constexpr int kNumScales = kCkvDim / kScaleGroup;  // 4
+
+// ---- shared-memory layout -------------------------------------------------------------------------
+constexpr int kSwizzleBytes = 128;                  // one swizzled row: 64 bf16
+constexpr int kChunkElems = kSwizzleBytes / 2;      // 64
+constexpr int kChunks = kQkDim / kChunkElems;       // 9 (8 ckv + 1 kpe)
+constexpr int kSwizzleAtomBytes = 8 * kSwizzleBytes;  // 8 rows: the stride between core-matrix groups
+constexpr int kAtomAlign = 1024;
+constexpr int kChunkBytes = 64 * kSwizzleBytes;     // a [64 x 64] chunk: 8 KB
+constexpr int kTileBytes = kChunks * kChunkBytes;   // a [64 x 576] tile: 72 KB
+constexpr int kPBytes = kHeadsPerCta * kSwizzleBytes;  // P [64 heads x 64 tokens] bf16: 8 KB
+
+constexpr int kQOffset = 0;
+constexpr int kKOffset = kQOffset + kTileBytes;
+constexpr int kPOffset = kKOffset + kStages * kTileBytes;
+constexpr int kIdxOffset = kPOffset + kPBytes;                          // int [kStages][64]
+constexpr int kMaxOffset = kIdxOffset + kStages * kBlockTokens * 4;      // float [2][64] row maxima
+constexpr int kSumOffset = kMaxOffset + kConsumers * kHeadsPerCta * 4;   // float [2][64] row sums
+constexpr int kBarOffset = kSumOffset + kConsumers * kHeadsPerCta * 4;   // u64 full[2], empty[2]
+constexpr int kLayoutBytes = kBarOffset + 2 * kStages * 8;
+// The dynamic shared-memory base is only 16-byte aligned by the language: 1 KB of slack to align.
+constexpr int kSmemBytes = kLayoutBytes + kAtomAlign;
+constexpr int kSmemLimit = 227 * 1024;  // sm_90's per-block opt-in maximum
+
+static_assert(kSmemBytes <= kSmemLimit, "Q + 2 stages + P + small must fit the 227 KB of an sm_90 block");
+static_assert(kKOffset % kAtomAlign == 0 && kTileBytes % kAtomAlign == 0 && kPOffset % kAtomAlign == 0 &&
+                  kChunkBytes % kAtomAlign == 0,
+              "every swizzled tile starts 1024-byte aligned (descriptor base offset 0)");
+static_assert(kBarOffset % 8 == 0, "mbarriers are 8-byte aligned");
+static_assert(kHeadsPerCta == 64 && kWarpgroupThreads / 32 * 16 == kHeadsPerCta,
+              "wgmma M = 64: each of a warpgroup's 4 warps holds 16 accumulator rows (one head each)");
+static_assert(kTokensPerConsumer % 8 == 0 && kTokensPerConsumer <= 256 && kColsPerConsumer <= 256,
+              "wgmma N is a multiple of 8 up to 256");
+static_assert(kQkDim % kChunkElems == 0 && kCkvDim % kChunkElems == 0, "the dims tile into 64-wide chunks");
+static_assert(kTokensPerConsumer % 8 == 0 && kTokensPerConsumer * kSwizzleBytes % kAtomAlign == 0,
+              "a consumer's K rows start on a swizzle atom (its B descriptor starts 1024-byte aligned)");
+static_assert(kColsPerConsumer == 4 * kChunkElems, "a consumer's V columns are 4 whole chunks (LBO = one chunk)");
+static_assert(kBlockTokens % kMmaK == 0 && (kMmaK / 8) * kSwizzleAtomBytes == 2048,
+              "a PV k-step of 16 tokens is two 8-row atoms: the V descriptor advances by 2048 bytes");
+static_assert(kNumScales * kScaleGroup == kCkvDim && kScaleGroup == 2 * kChunkElems,
+              "an FP8 scale group is two chunks");
+static_assert(kFp8TokenBytes % 16 == 0 && kFp8ScaleOffset % 16 == 0 && kFp8KpeOffset % 16 == 0,
+              "FP8 token fields are 16-byte aligned for vector loads");
+static_assert(kFp8KpeOffset == kFp8ScaleOffset + kNumScales * 4 && kFp8TokenBytes == kFp8KpeOffset + kKpeDim * 2,
+              "the 656-byte token layout of dsactl/fp8.py");
+
+// Register split (setmaxnreg): the consumers hold O (64 x 256 fp32 over 128 threads: 128
+// registers) plus S and the softmax state; the producer only addresses (bf16) or one raw token
+// slice in flight plus the next (FP8). The sum must fit the register file.
+constexpr uint32_t kRegisterFile = 65536;
+constexpr uint32_t kEntryRegs = kRegisterFile / kThreads / 8 * 8;  // __launch_bounds__(384, 1): 168
+template <bool kFp8>
+struct Regs {
+  static constexpr uint32_t kProducer = kFp8 ? 72 : 40;
+  static constexpr uint32_t kConsumer = kFp8 ? 216 : 232;
+  static_assert(kProducer <= kEntryRegs && kConsumer >= kEntryRegs, "setmaxnreg.dec lowers, .inc raises");
+};
+static_assert(Regs<false>::kProducer * kWarpgroupThreads + Regs<false>::kConsumer * kConsumerThreads <= kRegisterFile &&
+                  Regs<true>::kProducer * kWarpgroupThreads + Regs<true>::kConsumer * kConsumerThreads <=
+                      kRegisterFile,
+              "the register split fits the 64K-register file");
+static_assert(Regs<false>::kConsumer % 8 == 0 && Regs<true>::kConsumer % 8 == 0 && Regs<false>::kProducer % 8 == 0 &&
+                  Regs<true>::kProducer % 8 == 0,
+              "setmaxnreg counts are multiples of 8");
+
+struct Params {
+  const __nv_bfloat16* q_nope;
+  long long q_nope_stride_t, q_nope_stride_h;
+  const __nv_bfloat16* q_pe;
+  long long q_pe_stride_t, q_pe_stride_h;
+  const void* kv_a;  // bf16: ckv rows; FP8: the 656-byte token cache
+  long long kv_a_stride;  // bf16: ckv row stride in elements
+  const void* kv_b;  // bf16: kpe rows; FP8: unused
+  long long kv_b_stride;
+  const int* indices;
+  long long indices_stride_t;
+  int topk, num_splits, heads;
+  float sm_scale_log2, lse_scale;
+  __nv_bfloat16* out;
+  long long out_stride_t, out_stride_h;
+  float* lse;
+  long long lse_stride_t, lse_stride_h;
+  float* part_acc;
+  float* part_m;
+  float* part_l;
+};
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+constexpr int kCkvChunks = kCkvDim / kChunkElems;  // 8
+constexpr int kPiecesPerRow = kSwizzleBytes / 16;  // 16-byte pieces of a swizzled row: 8
+
+// Named barriers of the two consumer warpgroups (0 is __syncthreads').
+constexpr uint32_t kBarMaxReady = 1;  // both row maxima of a block written
+constexpr uint32_t kBarPReady = 2;    // both halves of P written
+
+struct Smem {
+  uint32_t base;  // shared-window address of the 1024-aligned layout
+  uint8_t* ptr;   // the same, generic
+  __device__ uint32_t q() const { return base + kQOffset; }
+  __device__ uint32_t k(int stage) const { return base + kKOffset + stage * kTileBytes; }
+  __device__ uint32_t p() const { return base + kPOffset; }
+  __device__ int* idx(int stage) const { return reinterpret_cast<int*>(ptr + kIdxOffset) + stage * kBlockTokens; }
+  __device__ float* row_max(int c) const { return reinterpret_cast<float*>(ptr + kMaxOffset) + c * kHeadsPerCta; }
+  __device__ float* row_sum(int c) const { return reinterpret_cast<float*>(ptr + kSumOffset) + c * kHeadsPerCta; }
+  __device__ uint32_t full(int stage) const { return base + kBarOffset + stage * 8; }
+  __device__ uint32_t empty(int stage) const { return base + kBarOffset + (kStages + stage) * 8; }
+};
+
+// Byte offset of 16-byte piece `piece` (0..7) of row `row` in a swizzled [rows x 64] chunk.
+__device__ __forceinline__ uint32_t swizzled(int row, int piece) {
+  return row * kSwizzleBytes + ((piece ^ (row % 8)) << 4);
+}
+
+struct Work {
+  int t, group, split, n_mine, num_blocks;
+};
+
+// Row position of block b's token i in split s: s + (b * 64 + i) * S, valid below n_mine.
+__device__ __forceinline__ int gather_index(const Params& p, const Work& w, int b, int token) {
+  const int j = b * kBlockTokens + token;
+  if (j >= w.n_mine) return -1;
+  return __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
+}
+
+// ---- producer: bf16 -------------------------------------------------------------------------------
+// 8 lanes per token row (lane % 8 = 16-byte piece): a quarter warp writes one whole 128-byte
+// swizzled row (conflict-free) and reads 128 contiguous bytes. 4 tokens per warp, 16 per pass.
+constexpr int kLanesPerToken = 8;
+constexpr int kTokensPerPass = kWarpgroupThreads / kLanesPerToken;  // 16
+constexpr int kPasses = kBlockTokens / kTokensPerPass;              // 4
+static_assert(kLanesPerToken == kPiecesPerRow, "one lane per 16-byte piece of a swizzled row");
+static_assert(kBlockTokens % kTokensPerPass == 0, "whole passes fill a block");
+
+// This lane's token index of pass q (kPasses passes per block).
+__device__ __forceinline__ int pass_index(const Params& p, const Work& w, int q) {
+  return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken);
+}
+
+__device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
+  const int piece = threadIdx.x % kLanesPerToken;
+  const __nv_bfloat16* ckv = static_cast<const __nv_bfloat16*>(p.kv_a);
+  const __nv_bfloat16* kpe = static_cast<const __nv_bfloat16*>(p.kv_b);
+  for (int b = 0; b < w.num_blocks; ++b) {
+    const int stage = b % kStages;
+    // Every index first: their loads are independent and in flight together.
+    int idx[kPasses];
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) idx[pass] = pass_index(p, w, b * kPasses + pass);
+    if (b >= kStages) mbar_wait(sm.empty(stage), ((b / kStages) - 1) & 1);  // consumers done with block b - 2
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const int token = pass * kTokensPerPass + threadIdx.x / kLanesPerToken;
+      const bool valid = idx[pass] >= 0;
+      // A masked row is zero-filled without a read: P = 0 there, and 0 * garbage could be NaN.
+      const uint32_t bytes = valid ? 16 : 0;
+      const long long row = valid ? idx[pass] : 0;
+      const __nv_bfloat16* ckv_row = ckv + row * p.kv_a_stride + piece * 8;
+      const uint32_t dst = sm.k(stage) + swizzled(token, piece);
+#pragma unroll
+      for (int chunk = 0; chunk < kCkvChunks; ++chunk) {
+        cp_async_16(dst + chunk * kChunkBytes, ckv_row + chunk * kChunkElems, bytes);
+      }
+      cp_async_16(dst + kCkvChunks * kChunkBytes, kpe + row * p.kv_b_stride + piece * 8, bytes);
+      if (piece == 0) sm.idx(stage)[token] = valid ? idx[pass] : -1;
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    fence_proxy_async();  // cp.async writes (generic proxy) are read by wgmma (async proxy)
+    mbar_arrive(sm.full(stage));
+  }
+}
+
+// ---- producer: FP8 --------------------------------------------------------------------------------
+// One token slice per lane: its 16-byte piece of each of the 4 scale groups (16 e4m3 values), the
+// 4 scales, and its 16-byte piece of the rope values. Software pipeline over passes (across blocks
+// too): the next pass's slice and the index after it are loaded before this pass is converted, so
+// the loads' latency hides behind the conversion, in 2 x 24 registers.
+struct Fp8Slice {
+  uint4 e[kNumScales];
+  float4 scale;
+  uint4 kpe;
+  int idx;
+};
+
+__device__ __forceinline__ Fp8Slice load_fp8(const Params& p, int idx) {
+  const int piece = threadIdx.x % kLanesPerToken;
+  Fp8Slice s;
+  s.idx = idx;
+  if (idx >= 0) {
+    const uint8_t* token = static_cast<const uint8_t*>(p.kv_a) + static_cast<long long>(s.idx) * kFp8TokenBytes;
+#pragma unroll
+    for (int g = 0; g < kNumScales; ++g) s.e[g] = ld_global_nc_v4(token + g * kScaleGroup + piece * 16);
+    const uint4 raw = ld_global_nc_v4(token + kFp8ScaleOffset);
+    s.scale = make_float4(__uint_as_float(raw.x), __uint_as_float(raw.y), __uint_as_float(raw.z),
+                          __uint_as_float(raw.w));
+    s.kpe = ld_global_nc_v4(token + kFp8KpeOffset + piece * 16);
+  } else {
+    // Masked: zeros, never a read (P = 0 there, and 0 * garbage could be NaN).
+#pragma unroll
+    for (int g = 0; g < kNumScales; ++g) s.e[g] = make_uint4(0, 0, 0, 0);
+    s.scale = make_float4(0.f, 0.f, 0.f, 0.f);
+    s.kpe = make_uint4(0, 0, 0, 0);
+  }
+  return s;
+}
+
+// Two e4m3 values (low byte first) times scale -> two fp16 in one word (low half first). e4m3 ->
+// fp16 is exact; the product is rounded once, in fp32 -> fp16.
+__device__ __forceinline__ uint32_t dequant2(uint32_t pair, float scale) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  const __half2 r = __floats2half2_rn(f.x * scale, f.y * scale);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+// 8 e4m3 values (two words) -> 8 fp16 (one 16-byte piece).
+__device__ __forceinline__ uint4 dequant8(uint32_t lo, uint32_t hi, float scale) {
+  return make_uint4(dequant2(lo & 0xFFFF, scale), dequant2(lo >> 16, scale), dequant2(hi & 0xFFFF, scale),
+                    dequant2(hi >> 16, scale));
+}
+
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
+  const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
+  const __half2 h = __floats2half2_rn(f.x, f.y);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v) {
+  return make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z), bf16x2_to_f16x2(v.w));
+}
+
+__device__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& s) {
+  const int piece = threadIdx.x % kLanesPerToken;
+  const float scales[kNumScales] = {s.scale.x, s.scale.y, s.scale.z, s.scale.w};
+  // Group g's 16 values of this lane are dims g*128 + piece*16 .. +15: chunk 2g + piece/4, pieces
+  // 2 (piece % 4) and +1. Lanes 4-7 store their odd piece first so that a quarter warp's 8 stores
+  // hit 8 distinct 16-byte bank groups.
+  const int chunk_half = piece / 4;
+  const int first = chunk_half;
+#pragma unroll
+  for (int g = 0; g < kNumScales; ++g) {
+    const uint32_t chunk_base = sm.k(stage) + (2 * g + chunk_half) * kChunkBytes;
+    const uint4 v = s.e[g];
+    const uint4 lo = dequant8(v.x, v.y, scales[g]);  // values 0..7: piece 2 (piece % 4)
+    const uint4 hi = dequant8(v.z, v.w, scales[g]);  // values 8..15: the next piece
+    const int piece0 = 2 * (piece % 4);
+    st_shared_v4(chunk_base + swizzled(token, piece0 + first), first ? hi : lo);
+    st_shared_v4(chunk_base + swizzled(token, piece0 + 1 - first), first ? lo : hi);
+  }
+  st_shared_v4(sm.k(stage) + kCkvChunks * kChunkBytes + swizzled(token, piece), bf16x8_to_f16x8(s.kpe));
+  if (piece == 0) sm.idx(stage)[token] = s.idx >= 0 ? s.idx : -1;
+}
+
+__device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w) {
+  const int passes = w.num_blocks * kPasses;
+  if (passes == 0) return;
+  Fp8Slice cur = load_fp8(p, pass_index(p, w, 0));
+  int idx_next = passes > 1 ? pass_index(p, w, 1) : -1;
+  for (int q = 0; q < passes; ++q) {
+    const int idx_after = q + 2 < passes ? pass_index(p, w, q + 2) : -1;
+    Fp8Slice next = cur;
+    if (q + 1 < passes) next = load_fp8(p, idx_next);
+    idx_next = idx_after;
+    const int b = q / kPasses;
+    const int stage = b % kStages;
+    if (q % kPasses == 0 && b >= kStages) mbar_wait(sm.empty(stage), ((b / kStages) - 1) & 1);
+    store_fp8(sm, stage, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken, cur);
+    if (q % kPasses == kPasses - 1) {
+      fence_proxy_async();  // st.shared (generic proxy) is read by wgmma (async proxy)
+      mbar_arrive(sm.full(stage));
+    }
+    cur = next;
+  }
+}
+
+// Two floats -> two fp16 or bf16 in one word (low half first), rounded to nearest.
+template <bool kF16>
+__device__ __forceinline__ uint32_t pack2(float lo, float hi) {
+  if constexpr (kF16) {
+    const __half2 h = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&h);
+  } else {
+    const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&b);
+  }
+}
+
+// ---- consumers ------------------------------------------------------------------------------------
+// wgmma accumulator layout (m64nN, fp32): thread (warp w, lane l) of the warpgroup holds rows
+// r0 = 16w + l/4 and r0 + 8, columns 8n + 2(l%4) + {0, 1} for n < N/8, in d[4n + 2i + j]
+// (i: row r0 + 8i, j: column +j).
+constexpr int kSRegs = kTokensPerConsumer / 2;  // 16
+constexpr int kORegs = kColsPerConsumer / 2;    // 128
+
+// kF16: the operands in shared memory (Q, K/V, P) are fp16 (the FP8 path), else bf16.
+template <bool kF16>
+__device__ void consume(const Params& p, const Smem& sm, const Work& w, int c) {
+  const int tid = threadIdx.x - kWarpgroupThreads * (1 + c);  // 0..127 within the warpgroup
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int quad = lane % 4;
+  const int rows[2] = {16 * warp + lane / 4, 16 * warp + lane / 4 + 8};
+
+  float o[kORegs];
+#pragma unroll
+  for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
+  float s_acc[kSRegs];
+#pragma unroll
+  for (int i = 0; i < kSRegs; ++i) s_acc[i] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY};  // log2-domain running max, identical in both consumers
+  float l_run[2] = {0.f, 0.f};              // this thread's share of the running sum
+
+  for (int b = 0; b < w.num_blocks; ++b) {
+    const int stage = b % kStages;
+    mbar_wait(sm.full(stage), (b / kStages) & 1);
+
+    // S_c = Q [64 x 576] . K[32c .. 32c+31]^T: both operands K-major, 36 k-steps of 16.
+    const uint32_t k_rows = sm.k(stage) + c * kTokensPerConsumer * kSwizzleBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int chunk = 0; chunk < kChunks; ++chunk) {
+#pragma unroll
+      for (int kk = 0; kk < kChunkElems / kMmaK; ++kk) {
+        const uint32_t k_bytes = kk * kMmaK * 2;  // inside the 128-byte swizzled row
+        wgmma_m64n32k16_kk<kF16>(s_acc, make_desc(sm.q() + chunk * kChunkBytes + k_bytes, 16, kSwizzleAtomBytes),
+                           make_desc(k_rows + chunk * kChunkBytes + k_bytes, 16, kSwizzleAtomBytes),
+                           (chunk | kk) != 0);
+      }
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kSRegs; ++i) fence_operand(s_acc[i]);
+
+    // Scale into the log2 domain, mask invalid tokens, row maxima of this half.
+    const int* idx = sm.idx(stage) + c * kTokensPerConsumer;
+    float mx[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kTokensPerConsumer / 8; ++n) {
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        const bool valid = idx[8 * n + 2 * quad + j] >= 0;
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          float& s = s_acc[4 * n + 2 * i + j];
+          s = valid ? s * p.sm_scale_log2 : -INFINITY;
+          mx[i] = fmaxf(mx[i], s);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFF, mx[i], 1));
+      mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFF, mx[i], 2));
+      if (quad == 0) sm.row_max(c)[rows[i]] = mx[i];
+    }
+    named_barrier_sync(kBarMaxReady, kConsumerThreads);
+
+    float alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float m_new = fmaxf(m_run[i], fmaxf(mx[i], sm.row_max(1 - c)[rows[i]]));
+      // Exponents against a finite reference: exp2(-inf - ref) = 0, never (-inf) - (-inf).
+      const float ref = m_new == -INFINITY ? 0.f : m_new;
+      alpha[i] = exp2f(m_run[i] - ref);
+      m_run[i] = m_new;
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kTokensPerConsumer / 8; ++n) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          float& s = s_acc[4 * n + 2 * i + j];
+          s = exp2f(s - ref);
+          sum += s;
+        }
+      }
+      l_run[i] = l_run[i] * alpha[i] + sum;
+    }
+#pragma unroll
+    for (int n = 0; n < kColsPerConsumer / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        o[4 * n + 2 * i] *= alpha[i];
+        o[4 * n + 2 * i + 1] *= alpha[i];
+      }
+    }
+
+    // P half -> shared memory, K-major swizzled [64 heads x 64 tokens] (the PV A operand).
+#pragma unroll
+    for (int n = 0; n < kTokensPerConsumer / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        const int piece = c * (kTokensPerConsumer / 8) + n;
+        st_shared_b32(sm.p() + swizzled(rows[i], piece) + quad * 4,
+                      pack2<kF16>(s_acc[4 * n + 2 * i], s_acc[4 * n + 2 * i + 1]));
+      }
+    }
+    fence_proxy_async();  // st.shared (generic proxy) is read by wgmma (async proxy)
+    named_barrier_sync(kBarPReady, kConsumerThreads);
+
+    // O[:, 256c ..] += P [64 x 64] . V[64 tokens x 256 cols]: V is the K tile read MN-major:
+    // LBO = one 64-column chunk (8 KB), SBO = one 8-token atom (1 KB); 4 k-steps of 16 tokens.
+    const uint32_t v_cols = sm.k(stage) + c * (kColsPerConsumer / kChunkElems) * kChunkBytes;
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kBlockTokens / kMmaK; ++kk) {
+      wgmma_m64n256k16_kmn<kF16>(o, make_desc(sm.p() + kk * kMmaK * 2, 16, kSwizzleAtomBytes),
+                           make_desc(v_cols + kk * (kMmaK / 8) * kSwizzleAtomBytes, kChunkBytes, kSwizzleAtomBytes),
+                           1);
+    }
+    wgmma_commit();
+    // Waited here rather than after the next block's S: a PV group still in flight across the
+    // loop's back edge makes ptxas serialize every wgmma of the kernel (C7514/C7515).
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kORegs; ++i) fence_operand(o[i]);
+    mbar_arrive(sm.empty(stage));  // this consumer is done with the stage (its K, V and idx)
+  }
+
+  // Row sums: the quad's 4 threads, then the two consumers (same order in both: same result).
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    l_run[i] += __shfl_xor_sync(0xFFFFFFFF, l_run[i], 1);
+    l_run[i] += __shfl_xor_sync(0xFFFFFFFF, l_run[i], 2);
+    if (quad == 0) sm.row_sum(c)[rows[i]] = l_run[i];
+  }
+  named_barrier_sync(kBarMaxReady, kConsumerThreads);
+  float l_all[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) l_all[i] = sm.row_sum(0)[rows[i]] + sm.row_sum(1)[rows[i]];
+
+  const int col0 = c * kColsPerConsumer + 2 * quad;
+  if (p.num_splits == 1) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int head = w.group * kHeadsPerCta + rows[i];
+      const bool empty = l_all[i] == 0.f;
+      const float inv = empty ? 0.f : 1.f / l_all[i];
+      __nv_bfloat16* out = p.out + w.t * p.out_stride_t + head * p.out_stride_h + col0;
+#pragma unroll
+      for (int n = 0; n < kColsPerConsumer / 8; ++n) {
+        *reinterpret_cast<__nv_bfloat162*>(out + 8 * n) =
+            __floats2bfloat162_rn(o[4 * n + 2 * i] * inv, o[4 * n + 2 * i + 1] * inv);
+      }
+      if (c == 0 && quad == 0) {
+        p.lse[w.t * p.lse_stride_t + head * p.lse_stride_h] =
+            empty ? -INFINITY : (m_run[i] + log2f(l_all[i])) * p.lse_scale;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const long long part = (static_cast<long long>(w.t) * p.num_splits + w.split) * p.heads +
+                             w.group * kHeadsPerCta + rows[i];
+      float* acc = p.part_acc + part * kCkvDim + col0;
+#pragma unroll
+      for (int n = 0; n < kColsPerConsumer / 8; ++n) {
+        *reinterpret_cast<float2*>(acc + 8 * n) = make_float2(o[4 * n + 2 * i], o[4 * n + 2 * i + 1]);
+      }
+      if (c == 0 && quad == 0) {
+        p.part_m[part] = m_run[i];
+        p.part_l[part] = l_all[i];
+      }
+    }
+  }
+}
+
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// Grid (head group, split, token); the head groups of one (token, split) are adjacent so that
+// their identical gathers hit L2.
+template <bool kFp8>
+__global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_constant__ Params p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t raw = smem_addr(smem_raw);
+  const uint32_t aligned = (raw + kAtomAlign - 1) & ~static_cast<uint32_t>(kAtomAlign - 1);
+  const Smem sm{aligned, smem_raw + (aligned - raw)};
+
+  Work w;
+  w.group = blockIdx.x;
+  w.split = blockIdx.y;
+  w.t = blockIdx.z;
+  w.n_mine = (p.topk - w.split + p.num_splits - 1) / p.num_splits;  // >= 0: split < num_splits <= topk
+  w.num_blocks = (w.n_mine + kBlockTokens - 1) / kBlockTokens;
+
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStages; ++s) {
+      mbar_init(sm.full(s), kWarpgroupThreads);  // every producer thread arrives
+      mbar_init(sm.empty(s), kConsumerThreads);  // every consumer thread arrives
+    }
+  }
+  // Q [64 heads x 576] -> resident swizzled tile, by every thread: 64 rows x 72 pieces; bf16 as it
+  // is (cp.async), converted to fp16 for the FP8 path (all loads issued before the first store).
+  constexpr int kQPieces = kHeadsPerCta * kChunks * kPiecesPerRow;
+  constexpr int kQPiecesPerThread = kQPieces / kThreads;
+  static_assert(kQPieces % kThreads == 0, "the Q pieces divide evenly over the CTA");
+  uint32_t q_dst[kQPiecesPerThread];
+  const __nv_bfloat16* q_src[kQPiecesPerThread];
+#pragma unroll
+  for (int k = 0; k < kQPiecesPerThread; ++k) {
+    const int q = k * kThreads + threadIdx.x;
+    const int row = q / (kChunks * kPiecesPerRow);
+    const int chunk = (q / kPiecesPerRow) % kChunks;
+    const int piece = q % kPiecesPerRow;
+    const long long head = w.group * kHeadsPerCta + row;
+    q_src[k] = chunk < kCkvChunks
+                   ? p.q_nope + w.t * p.q_nope_stride_t + head * p.q_nope_stride_h + chunk * kChunkElems + piece * 8
+                   : p.q_pe + w.t * p.q_pe_stride_t + head * p.q_pe_stride_h + piece * 8;
+    q_dst[k] = sm.q() + chunk * kChunkBytes + swizzled(row, piece);
+  }
+  if constexpr (kFp8) {
+    uint4 q_raw[kQPiecesPerThread];
+#pragma unroll
+    for (int k = 0; k < kQPiecesPerThread; ++k) q_raw[k] = ld_global_nc_v4(q_src[k]);
+#pragma unroll
+    for (int k = 0; k < kQPiecesPerThread; ++k) st_shared_v4(q_dst[k], bf16x8_to_f16x8(q_raw[k]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < kQPiecesPerThread; ++k) cp_async_16(q_dst[k], q_src[k], 16);
+    cp_async_commit();
+    cp_async_wait_all();
+  }
+  fence_proxy_async();  // Q (generic-proxy writes) is read by wgmma
+  __syncthreads();  // Q and the initialized barriers are visible to every warpgroup
+
+  // Roles: each is one branch of a single if/else, as setmaxnreg requires.
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  if (warpgroup == 0) {
+    setmaxnreg_dec<Regs<kFp8>::kProducer>();
+    if constexpr (kFp8) {
+      produce_fp8(p, sm, w);
+    } else {
+      produce_bf16(p, sm, w);
+    }
+  } else {
+    setmaxnreg_inc<Regs<kFp8>::kConsumer>();
+    consume<kFp8>(p, sm, w, warpgroup - 1);
+  }
+#else
+  // Built for another arch: the launcher refuses before launching; reaching here is a bug.
+  __trap();
+#endif
+}
+
+// ---- host side ------------------------------------------------------------------------------------
+enum ErrorCode : int {
+  kOk = 0,
+  kBadShape = -1,
+  kBadAlignment = -2,
+  kNullPointer = -3,
+  kUnsupportedArch = -4,
+};
+
+constexpr int kMaxDevices = 64;
+bool g_configured[kMaxDevices][2] = {};
+
+bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+// A row stride (in bf16 elements) that keeps every row 16-byte aligned.
+bool row_aligned(long long stride) { return stride % 8 == 0; }
+
+template <bool kFp8>
+int launch(const Params& p, int num_tokens, cudaStream_t stream) {
+  int device = 0;
+  cudaError_t err = cudaGetDevice(&device);
+  if (err != cudaSuccess) return err;
+  int major = 0, minor = 0;
+  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (err != cudaSuccess) return err;
+  if (major != 9 || minor != 0) return kUnsupportedArch;  // the wgmma body is compiled for sm_90a only
+  if (device >= kMaxDevices) return kBadShape;
+  if (!g_configured[device][kFp8]) {
+    err = cudaFuncSetAttribute(hopper_mla_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+    if (err != cudaSuccess) return err;
+    g_configured[device][kFp8] = true;
+  }
+  const dim3 grid(p.heads / kHeadsPerCta, p.num_splits, num_tokens);
+  hopper_mla_kernel<kFp8><<<grid, kThreads, kSmemBytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+}  // namespace
+}  // namespace hopper_mla
+
+using namespace hopper_mla;
+
+extern "C" {
+
+int dsa_hopper_mla_smem_bytes() { return kSmemBytes; }
+int dsa_hopper_mla_max_splits() { return kMaxSplits; }
+int dsa_hopper_mla_max_tokens() { return kMaxTokens; }
+
+// See the contract at the top of this file. Returns 0, a CUDA error code (> 0) or a negative
+// ErrorCode; dsa_hopper_mla_error_string names either. Argument checks come before any CUDA call.
+int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long long q_nope_stride_h,
+                          const void* q_pe, long long q_pe_stride_t, long long q_pe_stride_h, int fp8kv,
+                          const void* kv_a, long long kv_a_stride, const void* kv_b, long long kv_b_stride,
+                          const int* indices, long long indices_stride_t, int num_tokens, int heads, int topk,
+                          int num_splits, float sm_scale_log2, float lse_scale, void* out, long long out_stride_t,
+                          long long out_stride_h, float* lse, long long lse_stride_t, long long lse_stride_h,
+                          float* part_acc, float* part_m, float* part_l, cudaStream_t stream) {
+  if (heads != 64 && heads != 128) return kBadShape;
+  if (topk < kBlockTokens || topk > kMaxTopk || topk % kBlockTokens != 0) return kBadShape;
+  if (num_splits < 1 || num_splits > kMaxSplits || num_tokens < 0 || num_tokens > kMaxTokens) return kBadShape;
+  if (num_tokens == 0) return kOk;
+  if (q_nope == nullptr || q_pe == nullptr || kv_a == nullptr || indices == nullptr || out == nullptr ||
+      lse == nullptr || (!fp8kv && kv_b == nullptr)) {
+    return kNullPointer;
+  }
+  if (num_splits > 1 && (part_acc == nullptr || part_m == nullptr || part_l == nullptr)) return kNullPointer;
+  const bool kv_ok = fp8kv ? aligned16(kv_a)
+                           : aligned16(kv_a) && aligned16(kv_b) && row_aligned(kv_a_stride) && row_aligned(kv_b_stride);
+  // A token stride is never stepped over with one token (torch gives size-1 dims any stride).
+  const auto token_aligned = [num_tokens](long long stride) { return num_tokens == 1 || row_aligned(stride); };
+  if (!aligned16(q_nope) || !aligned16(q_pe) || !token_aligned(q_nope_stride_t) || !row_aligned(q_nope_stride_h) ||
+      !token_aligned(q_pe_stride_t) || !row_aligned(q_pe_stride_h) || !kv_ok || !aligned16(out) ||
+      !token_aligned(out_stride_t) || !row_aligned(out_stride_h) || (num_splits > 1 && !aligned16(part_acc))) {
+    return kBadAlignment;
+  }
+  const Params p{static_cast<const __nv_bfloat16*>(q_nope), q_nope_stride_t, q_nope_stride_h,
+                 static_cast<const __nv_bfloat16*>(q_pe), q_pe_stride_t, q_pe_stride_h, kv_a, kv_a_stride, kv_b,
+                 kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, sm_scale_log2, lse_scale,
+                 static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse, lse_stride_t, lse_stride_h,
+                 part_acc, part_m, part_l};
+  return fp8kv ? launch<true>(p, num_tokens, stream) : launch<false>(p, num_tokens, stream);
+}
+
+const char* dsa_hopper_mla_error_string(int code) {
+  switch (code) {
+    case kOk: return "ok";
+    case kBadShape:
+      return "heads must be 64 or 128, topk a multiple of 64 in [64, 2048], num_splits in [1, 32], tokens <= 65535";
+    case kBadAlignment: return "pointers must be 16-byte aligned and row strides multiples of 8 elements";
+    case kNullPointer: return "null device pointer";
+    case kUnsupportedArch: return "the Hopper sparse MLA kernel runs only on compute capability 9.0 (sm_90a)";
+    default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
+  }
+}
+
+}  // extern "C"

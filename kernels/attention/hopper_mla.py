@@ -1,0 +1,221 @@
+"""Launcher of the warp-specialized Hopper sparse MLA decode kernel (hopper_mla.cu): input checks,
+arch check, split choice, workspace, then the kernel and, with several splits, the Triton combine.
+
+Contract: the sparse attention operator of DESIGN.md sections 1-3 (as triton_sparse_mla.py), for
+the shapes this kernel serves: 64 or 128 heads (a CTA owns 64 heads of one token), topk a multiple
+of 64 up to 2048, bf16 KV (ckv_cache + kpe_cache) or FP8 KV (kv_cache, 656-byte tokens), LSE base 2
+or e, -1 indices anywhere, empty rows (output 0, lse -inf). FP8 KV is dequantized to fp16 and
+multiplied in fp16 (Q converted once), as bf16 rounding of the dequantized values fails the contest
+tolerance (hopper_mla.cu says why); that path assumes |q| and |kv| below 65504. Not served: topk_length and the
+attention sink (the Triton kernel serves them). Runs only on compute capability 9.0 (sm_90a: wgmma,
+setmaxnreg); any other GPU is refused before the library is loaded.
+
+Alignment: every tensor's base is 16-byte aligned and every row stride (q, caches, output) a
+multiple of 8 elements, so each 16-byte copy of the kernel is aligned; a view that breaks this is
+refused with the reason (the Triton kernel takes it).
+
+Splits: split s of S takes the row positions s, s + S, ... exactly as the Triton kernel, and writes
+the same fp32 partials (triton_sparse_mla.split_partials), so its combine() reduces them unchanged.
+
+Status: compiled (sm_90a: 0 spills, 0 local memory) but not yet run on a GPU, so it is neither
+registered as a solution nor chosen by solution.implementation_for; tests/test_attention_hopper.py
+holds the GPU tests that must pass first (issue 7).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from functools import lru_cache
+
+import torch
+
+from dsactl.errors import DsactlError
+from dsactl.fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_TOKEN_BYTES
+from dsactl.kernels.attention import triton_sparse_mla as tsm
+from dsactl.kernels.attention.solution import _entry
+
+LIBRARY = "hopper_mla"
+HEADS = (64, 128)
+HEADS_PER_CTA = 64  # wgmma M: one consumer warpgroup's accumulator rows
+BLOCK_TOKENS = 64  # tokens per shared-memory ring stage
+MAX_TOPK = 2048
+CAPABILITY = (9, 0)  # wgmma and setmaxnreg: sm_90a only
+ALIGN_BYTES = 16  # cp.async and vector loads move 16 bytes
+ROW_ALIGN_ELEMS = ALIGN_BYTES // 2  # bf16 elements per 16 bytes
+# The split formula of the Triton kernel, with this kernel's tile: 64 heads x 64 tokens per step,
+# one CTA per SM (its 227 KB of shared memory fill one).
+TILE = tsm.Config(block_h=HEADS_PER_CTA, block_n=BLOCK_TOKENS, num_warps=12, num_stages=2)
+MAX_SPLITS = tsm.MAX_SPLITS  # the combine kernel's limit
+MAX_TOKENS = 65535  # tokens are the kernel grid's z dimension
+
+
+def _fail(message: str) -> None:
+    raise DsactlError(f"Hopper sparse MLA attention: {message}")
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        _fail(message)
+
+
+def _check_tensor(name: str, t, dtype: torch.dtype, shape: tuple, device: torch.device) -> None:
+    _check(isinstance(t, torch.Tensor), f"{name} must be a tensor, got {type(t).__name__}")
+    _check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
+    _check(t.device == device, f"{name} is on {t.device}, q_nope on {device}")
+    _check(t.dim() == len(shape) and all(s is None or s == n for s, n in zip(shape, t.shape)),
+           f"{name} has shape {list(t.shape)}, expected {['*' if s is None else s for s in shape]}")
+    _check(t.dim() == 0 or t.stride(-1) == 1, f"{name} must have a contiguous last dimension")
+
+
+def _check_aligned(name: str, t: torch.Tensor, row_dims: int) -> None:
+    """Base 16-byte aligned; the strides of the first row_dims dims keep every row 16-byte aligned
+    (a dim of size 1 is never stepped over, so its stride does not matter)."""
+    _check(t.data_ptr() % ALIGN_BYTES == 0, f"{name} must start 16-byte aligned (got a view at an odd offset)")
+    bad = [s for s, n in zip(t.stride()[:row_dims], t.shape) if n > 1 and s % ROW_ALIGN_ELEMS]
+    _check(not bad, f"{name} row strides must be multiples of {ROW_ALIGN_ELEMS} elements, got {t.stride()}")
+
+
+def _device_capability(device: torch.device) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(device)
+
+
+def check_arch(device: torch.device) -> None:
+    """Refuse any GPU that is not sm_90 (the kernel's wgmma body is compiled for sm_90a only)."""
+    _check(device.type == "cuda", f"needs CUDA tensors (got {device}); the kernel runs on sm_90 GPUs only")
+    capability = tuple(_device_capability(device))
+    _check(capability == CAPABILITY,
+           f"runs only on compute capability 9.0 (H100/H200, sm_90a); this GPU is {capability[0]}.{capability[1]}: "
+           f"use the Triton kernel (dsactl.kernels.attention.triton_sparse_mla)")
+
+
+def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
+    """Splits per (token, head group): the Triton kernel's formula (the count that minimizes the
+    busiest SM's work, one CTA per SM at a time) with this kernel's 64 x 64 tile."""
+    return tsm.num_splits_for(num_tokens, heads, topk, TILE, num_sms)
+
+
+@lru_cache(maxsize=None)
+def _library() -> ctypes.CDLL:
+    from dsactl.build.runtime import load_library
+
+    return bind(load_library(LIBRARY))
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declare the C ABI of hopper_mla.cu on a loaded library."""
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
+    lib.dsa_hopper_mla_decode.restype = i32
+    lib.dsa_hopper_mla_decode.argtypes = [
+        p, i64, i64,  # q_nope, strides (token, head)
+        p, i64, i64,  # q_pe, strides
+        i32,  # fp8kv
+        p, i64, p, i64,  # kv_a + row stride, kv_b + row stride
+        p, i64,  # indices, row stride
+        i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits
+        f32, f32,  # sm_scale * log2(e), lse scale
+        p, i64, i64,  # output, strides
+        p, i64, i64,  # lse, strides
+        p, p, p,  # partials: acc, m, l
+        p,  # cudaStream_t
+    ]
+    lib.dsa_hopper_mla_error_string.restype = ctypes.c_char_p
+    lib.dsa_hopper_mla_error_string.argtypes = [i32]
+    lib.dsa_hopper_mla_max_splits.restype = i32
+    lib.dsa_hopper_mla_smem_bytes.restype = i32
+    lib.dsa_hopper_mla_max_tokens.restype = i32
+    if (lib.dsa_hopper_mla_max_splits(), lib.dsa_hopper_mla_max_tokens()) != (MAX_SPLITS, MAX_TOKENS):
+        raise DsactlError(f"lib{LIBRARY}.so was built with different limits: rebuild it with `dsactl build`")
+    return lib
+
+
+def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache, kv_cache, topk_length,
+                 attn_sink) -> tuple[int, int, int, bool]:
+    """Every check that needs no GPU: (num_tokens, heads, topk, fp8kv), or a DsactlError."""
+    _check(topk_length is None, "topk_length (_topklen) is not served here: use the Triton kernel")
+    _check(attn_sink is None, "attn_sink (_sink) is not served here: use the Triton kernel")
+    _check(isinstance(q_nope, torch.Tensor) and q_nope.dim() == 3, "q_nope must be a [T, H, 512] tensor")
+    device = q_nope.device
+    num_tokens, heads, _ = q_nope.shape
+    _check(heads in HEADS, f"heads must be one of {HEADS}, got {heads}")
+    _check(num_tokens <= MAX_TOKENS, f"at most {MAX_TOKENS} query tokens per call, got {num_tokens}")
+    _check_tensor("q_nope", q_nope, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device)
+    _check_tensor("q_pe", q_pe, torch.bfloat16, (num_tokens, heads, MLA_KPE_DIM), device)
+    _check(isinstance(sparse_indices, torch.Tensor) and sparse_indices.dim() == 2,
+           "sparse_indices must be a [T, topk] tensor")
+    topk = sparse_indices.shape[1]
+    _check(topk % BLOCK_TOKENS == 0 and 0 < topk <= MAX_TOPK,
+           f"topk must be a multiple of {BLOCK_TOKENS} in [{BLOCK_TOKENS}, {MAX_TOPK}], got {topk}")
+    _check_tensor("sparse_indices", sparse_indices, torch.int32, (num_tokens, topk), device)
+    _check_tensor("output", output, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device)
+    _check_tensor("lse", lse, torch.float32, (num_tokens, heads), device)
+    fp8kv = kv_cache is not None
+    _check(fp8kv != (ckv_cache is not None or kpe_cache is not None),
+           "pass either kv_cache (FP8) or ckv_cache and kpe_cache (bf16)")
+    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("output", output)):
+        _check_aligned(name, t, 2)
+    if fp8kv:
+        _check_tensor("kv_cache", kv_cache, torch.int8, (None, None, MLA_TOKEN_BYTES), device)
+        _check(kv_cache.is_contiguous(), "kv_cache must be contiguous (656 bytes per token)")
+        _check(kv_cache.data_ptr() % ALIGN_BYTES == 0, "kv_cache must start 16-byte aligned")
+    else:
+        _check(ckv_cache is not None and kpe_cache is not None, "the bf16 form needs both ckv_cache and kpe_cache")
+        _check_tensor("ckv_cache", ckv_cache, torch.bfloat16, (None, None, MLA_CKV_DIM), device)
+        _check_tensor("kpe_cache", kpe_cache, torch.bfloat16, (None, None, MLA_KPE_DIM), device)
+        for name, cache in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
+            _check(cache.stride(0) == cache.shape[1] * cache.stride(1),
+                   f"{name} pages must be evenly strided so token id page*64+offset is one row")
+            _check_aligned(name, cache, 2)
+    return num_tokens, heads, topk, fp8kv
+
+
+def sparse_mla_attention(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, sparse_indices: torch.Tensor, sm_scale: float,
+    output: torch.Tensor, lse: torch.Tensor, *, ckv_cache: torch.Tensor | None = None,
+    kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
+    lse_base_e: bool = False, num_splits: int | None = None,
+) -> None:
+    """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention;
+    topk_length and attn_sink must be None). num_splits overrides the split formula."""
+    num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache,
+                                                  kpe_cache, kv_cache, topk_length, attn_sink)
+    device = q_nope.device
+    check_arch(device)
+    if num_tokens == 0:
+        return
+    splits = num_splits or num_splits_for(num_tokens, heads, topk, tsm._num_sms(device))
+    _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
+    lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
+    # splits == 1: the kernel writes the final output; else the Triton launcher's partials layout.
+    partials = (None, None, None) if splits == 1 else tsm.split_partials(device, num_tokens, splits, heads)
+    if fp8kv:
+        kv_a, stride_a, kv_b, stride_b = kv_cache, MLA_TOKEN_BYTES, None, 0
+    else:
+        kv_a, stride_a, kv_b, stride_b = ckv_cache, ckv_cache.stride(1), kpe_cache, kpe_cache.stride(1)
+
+    lib = _library()
+    with torch.cuda.device(device):
+        code = lib.dsa_hopper_mla_decode(
+            q_nope.data_ptr(), q_nope.stride(0), q_nope.stride(1),
+            q_pe.data_ptr(), q_pe.stride(0), q_pe.stride(1),
+            int(fp8kv), kv_a.data_ptr(), stride_a, None if kv_b is None else kv_b.data_ptr(), stride_b,
+            sparse_indices.data_ptr(), sparse_indices.stride(0),
+            num_tokens, heads, topk, splits,
+            float(sm_scale) * math.log2(math.e), lse_scale,
+            output.data_ptr(), output.stride(0), output.stride(1),
+            lse.data_ptr(), lse.stride(0), lse.stride(1),
+            *(None if t is None else t.data_ptr() for t in partials),
+            torch.cuda.current_stream(device).cuda_stream,
+        )
+    if code != 0:
+        _fail(f"kernel launch failed: {lib.dsa_hopper_mla_error_string(code).decode()} (code {code})")
+    if splits > 1:
+        tsm.combine(partials, None, output, lse, lse_scale, heads, splits, num_tokens)
+
+
+# Entries with the definitions' signatures, for the variants served (no _topklen, no _sink).
+sparse_attention = _entry(sparse_mla_attention, "hopper_sparse_attention")
+sparse_attention_lsee = _entry(sparse_mla_attention, "hopper_sparse_attention", lse_e=True)
+sparse_attention_fp8kv = _entry(sparse_mla_attention, "hopper_sparse_attention", fp8kv=True)
+sparse_attention_fp8kv_lsee = _entry(sparse_mla_attention, "hopper_sparse_attention", fp8kv=True, lse_e=True)
