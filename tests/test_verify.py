@@ -389,6 +389,16 @@ exit $rc
 """
 
 
+def test_sanitizer_skips_the_pytorch_baselines_unless_named():
+    from dsactl.cli.verify import _candidates, sanitized_solutions
+
+    cands, explicit = _candidates([], None, {TOPK})
+    assert {c.name for c in cands} >= {"dsactl-topk", "torch-topk"} and not explicit
+    assert sanitized_solutions([], explicit, cands) == ["dsactl-topk"]
+    cands, explicit = _candidates(["torch-topk"], None, {TOPK})
+    assert sanitized_solutions(["torch-topk"], explicit, cands) == ["torch-topk"]
+
+
 def test_sanitize_runs_the_same_calls_in_a_child(tmp_path, monkeypatch):
     pytest.importorskip("dsactl.pack.loader")
     fake = tmp_path / "compute-sanitizer"

@@ -43,6 +43,15 @@ def _candidates(solution_names: list[str], bundle: Path | None, definitions: set
     return [runner.candidate(s) for s in solutions.SOLUTIONS if any(s.serves(d) for d in definitions)], False
 
 
+def sanitized_solutions(names: list[str], explicit: bool, cands) -> list[str]:
+    """The --solution names the sanitizer's child runs: those named, else every verified one but
+    the PyTorch baselines (they launch only PyTorch's kernels, not ours to sanitize, and double
+    the sanitizer's run time); an empty list means every verified candidate."""
+    if explicit:
+        return names
+    return [c.name for c in cands if c.solution is not None and not c.solution.baseline]
+
+
 def _selection(definition, solution_names, suite, dataset, bundle, workload, quick) -> list[str]:
     """The command-line options that choose the same pairs again (for the sanitizer's child)."""
     args = ["--dataset", str(dataset)] if dataset else ["--suite", suite]
@@ -199,8 +208,10 @@ def register(app: typer.Typer) -> None:
 
         sanitize_reports = []
         if sanitize:
-            console.print("compute-sanitizer: memcheck and racecheck over the same calls (one per pair) ...")
-            sanitize_reports = sanitizer.run(_selection(definition, names, suite, dataset, bundle, workload,
+            ours = sanitized_solutions(names, explicit, cands)
+            console.print("compute-sanitizer: memcheck and racecheck over the same calls (one per pair) of "
+                          + (", ".join(ours) if ours else "every verified solution") + " ...")
+            sanitize_reports = sanitizer.run(_selection(definition, ours, suite, dataset, bundle, workload,
                                                         use_quick))
             _render_sanitize(sanitize_reports)
 
