@@ -34,7 +34,9 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to profiles/h20
 if [ "$MODE" = check ]; then
   step doctor 30 $DSACTL doctor --json "$P/doctor.json"
   cp "$LOGS/doctor.log" "$P/doctor.txt"
-  step pytest-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  step pytest-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/test_attention_hopper.py
+  # The Hopper kernel has never run (issue 7): its own step, so a hang cannot cost the others their results.
+  step pytest-hopper 60 python3 -m pytest -q -x -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   step verify-contest 80 $DSACTL verify --suite contest --trials 1 --json "$P/verify-contest.json"
   step verify-edge 40 $DSACTL verify --suite edge --trials 1 --json "$P/verify-edge.json"
   step verify-scale 60 $DSACTL verify --suite scale --trials 1 --json "$P/verify-scale.json"
