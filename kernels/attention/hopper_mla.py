@@ -31,7 +31,7 @@ from functools import lru_cache
 import torch
 
 from dsactl.errors import DsactlError
-from dsactl.fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_TOKEN_BYTES
+from dsactl.fp8 import MLA_TOKEN_BYTES
 from dsactl.kernels.attention import triton_sparse_mla as tsm
 from dsactl.kernels.attention.solution import _entry
 
@@ -50,22 +50,16 @@ MAX_SPLITS = tsm.MAX_SPLITS  # the combine kernel's limit
 MAX_TOKENS = 65535  # tokens are the kernel grid's z dimension
 
 
+WHO = "Hopper sparse MLA attention"
+
+
 def _fail(message: str) -> None:
-    raise DsactlError(f"Hopper sparse MLA attention: {message}")
+    raise DsactlError(f"{WHO}: {message}")
 
 
 def _check(cond: bool, message: str) -> None:
     if not cond:
         _fail(message)
-
-
-def _check_tensor(name: str, t, dtype: torch.dtype, shape: tuple, device: torch.device) -> None:
-    _check(isinstance(t, torch.Tensor), f"{name} must be a tensor, got {type(t).__name__}")
-    _check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
-    _check(t.device == device, f"{name} is on {t.device}, q_nope on {device}")
-    _check(t.dim() == len(shape) and all(s is None or s == n for s, n in zip(shape, t.shape)),
-           f"{name} has shape {list(t.shape)}, expected {['*' if s is None else s for s in shape]}")
-    _check(t.dim() == 0 or t.stride(-1) == 1, f"{name} must have a contiguous last dimension")
 
 
 def _check_aligned(name: str, t: torch.Tensor, row_dims: int) -> None:
@@ -134,37 +128,17 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
     """Every check that needs no GPU: (num_tokens, heads, topk, fp8kv), or a DsactlError."""
     _check(topk_length is None, "topk_length (_topklen) is not served here: use the Triton kernel")
     _check(attn_sink is None, "attn_sink (_sink) is not served here: use the Triton kernel")
-    _check(isinstance(q_nope, torch.Tensor) and q_nope.dim() == 3, "q_nope must be a [T, H, 512] tensor")
-    device = q_nope.device
-    num_tokens, heads, _ = q_nope.shape
-    _check(heads in HEADS, f"heads must be one of {HEADS}, got {heads}")
+    num_tokens, heads, topk, fp8kv = tsm.check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache,
+                                                      kpe_cache, kv_cache, None, None, HEADS, WHO)
     _check(num_tokens <= MAX_TOKENS, f"at most {MAX_TOKENS} query tokens per call, got {num_tokens}")
-    _check_tensor("q_nope", q_nope, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device)
-    _check_tensor("q_pe", q_pe, torch.bfloat16, (num_tokens, heads, MLA_KPE_DIM), device)
-    _check(isinstance(sparse_indices, torch.Tensor) and sparse_indices.dim() == 2,
-           "sparse_indices must be a [T, topk] tensor")
-    topk = sparse_indices.shape[1]
-    _check(topk % BLOCK_TOKENS == 0 and 0 < topk <= MAX_TOPK,
+    _check(topk % BLOCK_TOKENS == 0 and topk <= MAX_TOPK,
            f"topk must be a multiple of {BLOCK_TOKENS} in [{BLOCK_TOKENS}, {MAX_TOPK}], got {topk}")
-    _check_tensor("sparse_indices", sparse_indices, torch.int32, (num_tokens, topk), device)
-    _check_tensor("output", output, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device)
-    _check_tensor("lse", lse, torch.float32, (num_tokens, heads), device)
-    fp8kv = kv_cache is not None
-    _check(fp8kv != (ckv_cache is not None or kpe_cache is not None),
-           "pass either kv_cache (FP8) or ckv_cache and kpe_cache (bf16)")
     for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("output", output)):
         _check_aligned(name, t, 2)
     if fp8kv:
-        _check_tensor("kv_cache", kv_cache, torch.int8, (None, None, MLA_TOKEN_BYTES), device)
-        _check(kv_cache.is_contiguous(), "kv_cache must be contiguous (656 bytes per token)")
         _check(kv_cache.data_ptr() % ALIGN_BYTES == 0, "kv_cache must start 16-byte aligned")
     else:
-        _check(ckv_cache is not None and kpe_cache is not None, "the bf16 form needs both ckv_cache and kpe_cache")
-        _check_tensor("ckv_cache", ckv_cache, torch.bfloat16, (None, None, MLA_CKV_DIM), device)
-        _check_tensor("kpe_cache", kpe_cache, torch.bfloat16, (None, None, MLA_KPE_DIM), device)
         for name, cache in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
-            _check(cache.stride(0) == cache.shape[1] * cache.stride(1),
-                   f"{name} pages must be evenly strided so token id page*64+offset is one row")
             _check_aligned(name, cache, 2)
     return num_tokens, heads, topk, fp8kv
 

@@ -401,18 +401,58 @@ def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink
     )
 
 
-def _check(cond: bool, message: str) -> None:
+def _check(cond: bool, message: str, who: str = "sparse MLA attention") -> None:
     if not cond:
-        raise DsactlError(f"sparse MLA attention: {message}")
+        raise DsactlError(f"{who}: {message}")
 
 
-def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple, device: torch.device) -> None:
-    _check(isinstance(t, torch.Tensor), f"{name} must be a tensor")
-    _check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}")
-    _check(t.device == device, f"{name} is on {t.device}, q_nope on {device}")
+def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple, device: torch.device,
+                  who: str = "sparse MLA attention") -> None:
+    _check(isinstance(t, torch.Tensor), f"{name} must be a tensor", who)
+    _check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}", who)
+    _check(t.device == device, f"{name} is on {t.device}, q_nope on {device}", who)
     _check(t.dim() == len(shape) and all(s is None or s == n for s, n in zip(shape, t.shape)),
-           f"{name} has shape {list(t.shape)}, expected {['*' if s is None else s for s in shape]}")
-    _check(t.dim() == 0 or t.stride(-1) == 1, f"{name} must have a contiguous last dimension")
+           f"{name} has shape {list(t.shape)}, expected {['*' if s is None else s for s in shape]}", who)
+    _check(t.dim() == 0 or t.stride(-1) == 1, f"{name} must have a contiguous last dimension", who)
+
+
+def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache, kv_cache, topk_length,
+                 attn_sink, heads_served: tuple[int, ...] = HEADS, who: str = "sparse MLA attention"
+                 ) -> tuple[int, int, int, bool]:
+    """The operator's contract on the host, for every kernel that implements it:
+    (num_tokens, heads, topk, fp8kv), or a DsactlError that starts with `who`."""
+    _check(isinstance(q_nope, torch.Tensor) and q_nope.dim() == 3, "q_nope must be a [T, H, 512] tensor", who)
+    device = q_nope.device
+    num_tokens, heads, _ = q_nope.shape
+    _check(heads in heads_served, f"heads must be one of {heads_served}, got {heads}", who)
+    _check_tensor("q_nope", q_nope, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device, who)
+    _check_tensor("q_pe", q_pe, torch.bfloat16, (num_tokens, heads, MLA_KPE_DIM), device, who)
+    _check(isinstance(sparse_indices, torch.Tensor) and sparse_indices.dim() == 2,
+           "sparse_indices must be a [T, topk] tensor", who)
+    topk = sparse_indices.shape[1]
+    _check(topk > 0, "topk must be positive", who)
+    _check_tensor("sparse_indices", sparse_indices, torch.int32, (num_tokens, topk), device, who)
+    _check_tensor("output", output, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device, who)
+    _check_tensor("lse", lse, torch.float32, (num_tokens, heads), device, who)
+    fp8kv = kv_cache is not None
+    _check(fp8kv != (ckv_cache is not None or kpe_cache is not None),
+           "pass either kv_cache (FP8) or ckv_cache and kpe_cache (bf16)", who)
+    if fp8kv:
+        _check_tensor("kv_cache", kv_cache, torch.int8, (None, None, MLA_TOKEN_BYTES), device, who)
+        _check(kv_cache.is_contiguous(), "kv_cache must be contiguous (656 bytes per token)", who)
+    else:
+        _check(ckv_cache is not None and kpe_cache is not None, "the bf16 form needs both ckv_cache and kpe_cache",
+               who)
+        _check_tensor("ckv_cache", ckv_cache, torch.bfloat16, (None, None, MLA_CKV_DIM), device, who)
+        _check_tensor("kpe_cache", kpe_cache, torch.bfloat16, (None, None, MLA_KPE_DIM), device, who)
+        for name, cache in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
+            _check(cache.stride(0) == cache.shape[1] * cache.stride(1),
+                   f"{name} pages must be evenly strided so token id page*64+offset is one row", who)
+    if topk_length is not None:
+        _check_tensor("topk_length", topk_length, torch.int32, (num_tokens,), device, who)
+    if attn_sink is not None:
+        _check_tensor("attn_sink", attn_sink, torch.float32, (heads,), device, who)
+    return num_tokens, heads, topk, fp8kv
 
 
 def sparse_mla_attention(
@@ -424,37 +464,13 @@ def sparse_mla_attention(
 ) -> None:
     """Write output and lse in place. Exactly one KV form: ckv_cache + kpe_cache (bf16) or
     kv_cache (FP8 656-byte tokens). num_splits overrides the split formula (tests, tuning)."""
+    num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache,
+                                                  kv_cache, topk_length, attn_sink)
     device = q_nope.device
-    _check(q_nope.dim() == 3, f"q_nope must be [T, H, 512], got {list(q_nope.shape)}")
-    num_tokens, heads, _ = q_nope.shape
-    _check(heads in HEADS, f"heads must be one of {HEADS}, got {heads}")
-    _check_tensor("q_nope", q_nope, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device)
-    _check_tensor("q_pe", q_pe, torch.bfloat16, (num_tokens, heads, MLA_KPE_DIM), device)
-    _check(sparse_indices.dim() == 2, f"sparse_indices must be [T, topk], got {list(sparse_indices.shape)}")
-    topk = sparse_indices.shape[1]
-    _check(topk > 0, "topk must be positive")
-    _check_tensor("sparse_indices", sparse_indices, torch.int32, (num_tokens, topk), device)
-    _check_tensor("output", output, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device)
-    _check_tensor("lse", lse, torch.float32, (num_tokens, heads), device)
-    fp8kv = kv_cache is not None
-    _check(fp8kv != (ckv_cache is not None or kpe_cache is not None),
-           "pass either kv_cache (FP8) or ckv_cache and kpe_cache (bf16)")
     if fp8kv:
-        _check_tensor("kv_cache", kv_cache, torch.int8, (None, None, MLA_TOKEN_BYTES), device)
-        _check(kv_cache.is_contiguous(), "kv_cache must be contiguous (656 bytes per token)")
         ckv_arg, kpe_arg, stride_ckv, stride_kpe = kv_cache, kv_cache, MLA_TOKEN_BYTES, MLA_TOKEN_BYTES
     else:
-        _check(ckv_cache is not None and kpe_cache is not None, "the bf16 form needs both ckv_cache and kpe_cache")
-        _check_tensor("ckv_cache", ckv_cache, torch.bfloat16, (None, None, MLA_CKV_DIM), device)
-        _check_tensor("kpe_cache", kpe_cache, torch.bfloat16, (None, None, MLA_KPE_DIM), device)
-        for name, cache in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
-            _check(cache.stride(0) == cache.shape[1] * cache.stride(1),
-                   f"{name} pages must be evenly strided so token id page*64+offset is one row")
         ckv_arg, kpe_arg, stride_ckv, stride_kpe = ckv_cache, kpe_cache, ckv_cache.stride(1), kpe_cache.stride(1)
-    if topk_length is not None:
-        _check_tensor("topk_length", topk_length, torch.int32, (num_tokens,), device)
-    if attn_sink is not None:
-        _check_tensor("attn_sink", attn_sink, torch.float32, (heads,), device)
     if num_tokens == 0:
         return
 
