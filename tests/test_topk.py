@@ -278,17 +278,22 @@ def test_row_kernel_patterns(dtype, pattern, max_len):
         assert_same_topk(run_kernel(case, TOPK), ref, case, TOPK, f"{pattern} call {repeat}")
 
 
+def _random_length_batch(rows, max_len, dtype, pattern):
+    """rows of random lengths in [1, max_len], the first exactly max_len, against the reference."""
+    g = torch.Generator().manual_seed(rows)
+    lengths = torch.randint(1, max_len + 1, (rows,), generator=g).tolist()
+    lengths[0] = max_len
+    case = make_case(lengths, dtype, pattern, seed=rows, device="cuda")
+    assert_same_topk(run_kernel(case, TOPK), reference(case, TOPK), case, TOPK, f"{rows} rows")
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("rows", (1, 13, 128, 300))
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("pattern", ("random", "two_values", "nan"))
 def test_row_kernel_row_counts(rows, dtype, pattern):
     # Contest-like batches (lengths 1..5824, most rows selecting) and more rows than SMs.
-    g = torch.Generator().manual_seed(rows)
-    lengths = torch.randint(1, 5825, (rows,), generator=g).tolist()
-    lengths[0] = 5824
-    case = make_case(lengths, dtype, pattern, seed=rows, device="cuda")
-    assert_same_topk(run_kernel(case, TOPK), reference(case, TOPK), case, TOPK, f"{rows} rows")
+    _random_length_batch(rows, 5824, dtype, pattern)
 
 
 @pytest.mark.gpu
@@ -298,11 +303,7 @@ def test_row_kernel_row_counts(rows, dtype, pattern):
 def test_kernel_row_counts(rows, dtype, pattern):
     # Row counts pick the cluster size (8 down to 1); lengths mix structural, cached and
     # (at 128 rows x 131072, one CTA per row) uncached rows.
-    g = torch.Generator().manual_seed(rows)
-    lengths = torch.randint(1, 131072, (rows,), generator=g).tolist()
-    lengths[0] = 131072
-    case = make_case(lengths, dtype, pattern, seed=rows, device="cuda")
-    assert_same_topk(run_kernel(case, TOPK), reference(case, TOPK), case, TOPK, f"{rows} rows")
+    _random_length_batch(rows, 131072, dtype, pattern)
 
 
 @pytest.mark.gpu
