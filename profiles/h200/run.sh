@@ -5,11 +5,12 @@
 #   bash profiles/h200/run.sh check OUTDIR   # doctor, GPU tests, verify contest/edge/scale, sanitizer, bundles
 #   bash profiles/h200/run.sh perf  OUTDIR   # benches (contest + scale), ncu profiles (contest + largest scale)
 #   bash profiles/h200/run.sh followup OUTDIR  # after the indexer config change: its tests, old vs new, sanitizer
+#   bash profiles/h200/run.sh hopper OUTDIR    # the Hopper attention kernel: first light, GPU tests, sanitizers
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODE=${1:?usage: run.sh check|perf OUTDIR}
+MODE=${1:?usage: run.sh check|perf|followup|hopper OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
 LOGS=$(mktemp -d)
@@ -51,6 +52,18 @@ if [ "$MODE" = check ]; then
     step "pack-$d" 15 $DSACTL pack -d "$d" -o "$LOGS/$d.json"
     step "bundle-$d" 40 $DSACTL verify --bundle "$LOGS/$d.json" --suite "$suite" --trials 1 --json "$P/pack/verify-$d.json"
   done
+elif [ "$MODE" = hopper ]; then
+  # One case per process with its own limit: a hang or fault costs only that case.
+  for case in $(python3 $P/attention/hopper_check.py --list); do
+    step "hopper-check-$case" 30 python3 $P/attention/hopper_check.py "$case"
+  done
+  step pytest-hopper 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
+  for tool in memcheck racecheck synccheck; do
+    step "hopper-$tool" 60 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      python3 $P/attention/hopper_check.py 64-128-1-bf16-1-full 64-128-1-fp8-2-scattered
+  done
+  step indexer-e2e 60 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
+    python3 $P/indexer/bench_indexer.py e2e --out "$P/indexer"
 elif [ "$MODE" = followup ]; then
   step pytest-indexer-bench 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_indexer.py tests/test_bench.py
   step indexer-sweep 40 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
