@@ -25,6 +25,7 @@ class Solution:
     needs_gpu: bool = True
     cuda_libs: tuple[str, ...] = ()  # libraries from `dsactl build` that it loads
     baseline: bool = False  # a comparison point (bench), not a shipped kernel
+    capability: tuple[int, int] | None = None  # the one compute capability it runs on (arch-specific code)
 
     def serves(self, definition: str) -> bool:
         return any(fnmatch(definition, p) for p in self.definitions)
@@ -42,6 +43,9 @@ class Solution:
 
         if self.needs_gpu and not torch.cuda.is_available():
             return False, "needs a CUDA GPU"
+        if self.capability is not None and torch.cuda.get_device_capability() != self.capability:
+            have = "{}.{}".format(*torch.cuda.get_device_capability())
+            return False, f"runs on compute capability {self.capability[0]}.{self.capability[1]} only (this GPU: {have})"
         if self.cuda_libs:
             from dsactl.build.runtime import load_library
 
@@ -56,6 +60,8 @@ class Solution:
 # Name suffixes of the sparse attention variants (dsactl/definitions/attention.py); each has its entry.
 ATTENTION_VARIANTS = tuple(kv + lse + tl + sink for kv in ("", "_fp8kv") for lse in ("", "_lsee")
                            for tl in ("", "_topklen") for sink in ("", "_sink"))
+# The variants the Hopper kernel serves (kernels/attention/hopper_mla.py: no topk_length, no sink).
+HOPPER_ATTENTION_VARIANTS = ("", "_lsee", "_fp8kv", "_fp8kv_lsee")
 
 SOLUTIONS: list[Solution] = [
     Solution("dsactl-indexer", ("dsa_topk_indexer_fp8_*",), "triton",
@@ -77,6 +83,14 @@ SOLUTIONS: list[Solution] = [
                "sparse MLA in Triton: 16-64 heads per program, split-KV sized to fill the SMs, exact fp32 combine"
                + (", FP8 KV dequantized in-kernel" if "fp8kv" in v else ""))
       for v in ATTENTION_VARIANTS),
+    *(Solution(f"dsactl-attention-hopper{v.replace('_', '-')}",
+               tuple(f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk*_ps64{v}" for h in (64, 128)),
+               "cuda", f"dsactl.kernels.attention.hopper_mla:sparse_attention{v}",
+               "sparse MLA for sm_90a in CUDA: warp-specialized (a gather producer, two wgmma consumer "
+               "warpgroups splitting the output columns), mbarrier ring, split-KV + the Triton combine"
+               + (", FP8 KV dequantized to fp16 by the producer" if "fp8kv" in v else ""),
+               cuda_libs=("hopper_mla",), capability=(9, 0))
+      for v in HOPPER_ATTENTION_VARIANTS),
     *(Solution(f"torch-attention{v.replace('_', '-')}", (f"dsa_sparse_attention_h*_ckv512_kpe64_topk*_ps64{v}",),
                "python", f"dsactl.kernels.attention.solution:torch_sparse_attention{v}",
                "vectorized PyTorch: gather, einsum, masked softmax", needs_gpu=False, baseline=True)

@@ -17,9 +17,9 @@ refused with the reason (the Triton kernel takes it).
 Splits: split s of S takes the row positions s, s + S, ... exactly as the Triton kernel, and writes
 the same fp32 partials (triton_sparse_mla.split_partials), so its combine() reduces them unchanged.
 
-Status: compiled (sm_90a: 0 spills, 0 local memory) but not yet run on a GPU, so it is neither
-registered as a solution nor chosen by solution.implementation_for; tests/test_attention_hopper.py
-holds the GPU tests that must pass first (issue 7).
+Status: registered as the experimental solutions dsactl-attention-hopper* (bench and verify run
+it beside the Triton kernel on sm_90); solution.implementation_for decides which shapes it serves
+by default, from the side-by-side H200 timings in profiles/h200/attention/.
 """
 
 from __future__ import annotations

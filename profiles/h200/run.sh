@@ -15,7 +15,7 @@ OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
 LOGS=$(mktemp -d)
 mkdir -p "$OUT" "$P"
-export PYTHONUNBUFFERED=1 COLUMNS=200
+export PYTHONUNBUFFERED=1 COLUMNS=200 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 DSACTL="python3 -m dsactl"
 if ls .carry/cupti_python-*.whl >/dev/null 2>&1; then
   python3 -m pip install -q --no-deps --no-index --target /tmp/cupti .carry/cupti_python-*.whl >/dev/null 2>&1 &&
@@ -53,17 +53,16 @@ if [ "$MODE" = check ]; then
     step "bundle-$d" 40 $DSACTL verify --bundle "$LOGS/$d.json" --suite "$suite" --trials 1 --json "$P/pack/verify-$d.json"
   done
 elif [ "$MODE" = hopper ]; then
-  # One case per process with its own limit: a hang or fault costs only that case.
-  for case in $(python3 $P/attention/hopper_check.py --list); do
-    step "hopper-check-$case" 30 python3 $P/attention/hopper_check.py "$case"
-  done
-  step pytest-hopper 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
+  step pytest-hopper 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   for tool in memcheck racecheck synccheck; do
     step "hopper-$tool" 60 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-      python3 $P/attention/hopper_check.py 64-128-1-bf16-1-full 64-128-1-fp8-2-scattered
+      python3 $P/attention/hopper_check.py 64-128-1-bf16-1-full 128-256-2-fp8-3-scattered
   done
-  step indexer-e2e 60 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
-    python3 $P/indexer/bench_indexer.py e2e --out "$P/indexer"
+  step bench-hopper 240 python3 $P/attention/bench_hopper.py "$P/attention" --sweep
+  step ncu-hopper 90 bash $P/attention/ncu_hopper.sh "$P/attention"
+  step verify-hopper 90 $DSACTL verify --suite all -d 'dsa_sparse_attention_h*' --trials 1 \
+    -s dsactl-attention-hopper -s dsactl-attention-hopper-lsee -s dsactl-attention-hopper-fp8kv \
+    -s dsactl-attention-hopper-fp8kv-lsee --json "$P/attention/verify-hopper.json"
 elif [ "$MODE" = followup ]; then
   step pytest-indexer-bench 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_indexer.py tests/test_bench.py
   step indexer-sweep 40 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
