@@ -138,7 +138,7 @@ constexpr uint32_t kRegisterFile = 65536;
 constexpr uint32_t kEntryRegs = kRegisterFile / kThreads / 8 * 8;  // __launch_bounds__(384, 1): 168
 template <bool kFp8>
 struct Regs {
-  static constexpr uint32_t kProducer = kFp8 ? 72 : 40;
+  static constexpr uint32_t kProducer = kFp8 ? 80 : 40;
   static constexpr uint32_t kConsumer = kFp8 ? 216 : 232;
   static_assert(kProducer <= kEntryRegs && kConsumer >= kEntryRegs, "setmaxnreg.dec lowers, .inc raises");
 };
@@ -210,6 +210,58 @@ __device__ __forceinline__ int gather_index(const Params& p, const Work& w, int 
   return __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
 }
 
+// ---- L2 prefetch of the rows kPrefetchBlocks blocks ahead -------------------------------------------
+// The ring has 2 stages (all the shared memory allows), so a gather starts only when a stage frees and
+// then waits on DRAM: ncu showed the producer's long-scoreboard stalls leading the FP8 path and the
+// tensor pipe mostly idle. A bulk L2 prefetch needs no register and no wait, so the producer issues
+// one per token part for the block after next; by the time that block's stage frees, its rows are in
+// L2. Producer thread i owns token i % 64 of a block, part i / 64 of it.
+constexpr int kPrefetchBlocks = 2;          // ahead of the gather: the ring's depth
+constexpr uint32_t kFp8PrefetchSplit = 336;  // part 0 of a 656-byte token (both parts 16-byte multiples)
+static_assert(kWarpgroupThreads == 2 * kBlockTokens, "two producer threads per token of a block");
+static_assert(kFp8PrefetchSplit % 16 == 0 && (kFp8TokenBytes - kFp8PrefetchSplit) % 16 == 0,
+              "bulk prefetch sizes are multiples of 16 bytes");
+
+template <bool kFp8>
+__device__ __forceinline__ void prefetch_token(const Params& p, int idx) {
+  if (idx < 0) return;
+  const bool part0 = threadIdx.x < kBlockTokens;
+  if constexpr (kFp8) {
+    const uint8_t* token = static_cast<const uint8_t*>(p.kv_a) + static_cast<long long>(idx) * kFp8TokenBytes;
+    prefetch_l2_bulk(part0 ? token : token + kFp8PrefetchSplit,
+                     part0 ? kFp8PrefetchSplit : kFp8TokenBytes - kFp8PrefetchSplit);
+  } else {
+    const __nv_bfloat16* row = part0 ? static_cast<const __nv_bfloat16*>(p.kv_a) + idx * p.kv_a_stride
+                                     : static_cast<const __nv_bfloat16*>(p.kv_b) + idx * p.kv_b_stride;
+    prefetch_l2_bulk(row, (part0 ? kCkvDim : kKpeDim) * 2);
+  }
+}
+
+// This thread's prefetch token index in block b (-1 past the end).
+__device__ __forceinline__ int prefetch_index(const Params& p, const Work& w, int b) {
+  return gather_index(p, w, b, threadIdx.x % kBlockTokens);
+}
+
+// Before the Q load: the first kPrefetchBlocks blocks (their index loads in flight together), and
+// the index of block kPrefetchBlocks, which the producer's first block prefetches.
+template <bool kFp8>
+__device__ __forceinline__ int prefetch_first_blocks(const Params& p, const Work& w) {
+  int idx[kPrefetchBlocks + 1];
+#pragma unroll
+  for (int b = 0; b <= kPrefetchBlocks; ++b) idx[b] = prefetch_index(p, w, b);
+#pragma unroll
+  for (int b = 0; b < kPrefetchBlocks; ++b) prefetch_token<kFp8>(p, idx[b]);
+  return idx[kPrefetchBlocks];
+}
+
+// At block b: prefetch block b + kPrefetchBlocks (its index was loaded one block ago) and load the
+// index of the block after it.
+template <bool kFp8>
+__device__ __forceinline__ void prefetch_ahead(const Params& p, const Work& w, int b, int& next) {
+  prefetch_token<kFp8>(p, next);
+  next = prefetch_index(p, w, b + kPrefetchBlocks + 1);
+}
+
 // ---- producer: bf16 -------------------------------------------------------------------------------
 // 8 lanes per token row (lane % 8 = 16-byte piece): a quarter warp writes one whole 128-byte
 // swizzled row (conflict-free) and reads 128 contiguous bytes. 4 tokens per warp, 16 per pass.
@@ -224,12 +276,13 @@ __device__ __forceinline__ int pass_index(const Params& p, const Work& w, int q)
   return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken);
 }
 
-__device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
+__device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w, int prefetch_next) {
   const int piece = threadIdx.x % kLanesPerToken;
   const __nv_bfloat16* ckv = static_cast<const __nv_bfloat16*>(p.kv_a);
   const __nv_bfloat16* kpe = static_cast<const __nv_bfloat16*>(p.kv_b);
   for (int b = 0; b < w.num_blocks; ++b) {
     const int stage = b % kStages;
+    prefetch_ahead<false>(p, w, b, prefetch_next);
     // Every index first: their loads are independent and in flight together.
     int idx[kPasses];
 #pragma unroll
@@ -292,19 +345,42 @@ __device__ __forceinline__ Fp8Slice load_fp8(const Params& p, int idx) {
   return s;
 }
 
-// Two e4m3 values (low byte first) times scale -> two fp16 in one word (low half first). e4m3 ->
-// fp16 is exact; the product is rounded once, in fp32 -> fp16.
-__device__ __forceinline__ uint32_t dequant2(uint32_t pair, float scale) {
+// e4m3 -> fp16 is exact (one conversion per pair). The scale multiply runs in fp16 (one HMUL2 per
+// pair) when the scale is 0 or an fp16 normal number: its own rounding (2^-11 relative) then keeps
+// each value within about 2^-10 of the exact product, well inside the tolerance (the CPU emulation
+// in tests/test_attention_hopper.py checks it). Any other scale takes the fp32 multiply (convert to
+// fp32, multiply, round once): correct for every scale, but four conversions per pair, and the
+// conversion pipe was what bounded the FP8 producer (ncu: ALU the busiest pipe).
+constexpr float kF16MinNormal = 6.103515625e-05f;  // 2^-14
+constexpr float kF16Max = 65504.f;
+
+__device__ __forceinline__ bool scale_fits_f16(float scale) {
+  const float a = fabsf(scale);
+  return a == 0.f || (a >= kF16MinNormal && a <= kF16Max);
+}
+
+__device__ __forceinline__ uint32_t dequant2_f16(uint32_t pair, __half2 scale) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  const __half2 r = __hmul2(__half2(h), scale);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+__device__ __forceinline__ uint32_t dequant2_f32(uint32_t pair, float scale) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
   const float2 f = __half22float2(__half2(h));
   const __half2 r = __floats2half2_rn(f.x * scale, f.y * scale);
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// 8 e4m3 values (two words) -> 8 fp16 (one 16-byte piece).
+// 8 e4m3 values (two words, low byte first) times scale -> 8 fp16 (one 16-byte piece).
 __device__ __forceinline__ uint4 dequant8(uint32_t lo, uint32_t hi, float scale) {
-  return make_uint4(dequant2(lo & 0xFFFF, scale), dequant2(lo >> 16, scale), dequant2(hi & 0xFFFF, scale),
-                    dequant2(hi >> 16, scale));
+  if (scale_fits_f16(scale)) {
+    const __half2 s = __float2half2_rn(scale);
+    return make_uint4(dequant2_f16(lo & 0xFFFF, s), dequant2_f16(lo >> 16, s), dequant2_f16(hi & 0xFFFF, s),
+                      dequant2_f16(hi >> 16, s));
+  }
+  return make_uint4(dequant2_f32(lo & 0xFFFF, scale), dequant2_f32(lo >> 16, scale), dequant2_f32(hi & 0xFFFF, scale),
+                    dequant2_f32(hi >> 16, scale));
 }
 
 __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
@@ -339,7 +415,7 @@ __device__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& 
   if (piece == 0) sm.idx(stage)[token] = s.idx >= 0 ? s.idx : -1;
 }
 
-__device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w) {
+__device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int prefetch_next) {
   const int passes = w.num_blocks * kPasses;
   if (passes == 0) return;
   Fp8Slice cur = load_fp8(p, pass_index(p, w, 0));
@@ -351,6 +427,7 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w) {
     idx_next = idx_after;
     const int b = q / kPasses;
     const int stage = b % kStages;
+    if (q % kPasses == 0) prefetch_ahead<true>(p, w, b, prefetch_next);
     if (q % kPasses == 0 && b >= kStages) mbar_wait(sm.empty(stage), ((b / kStages) - 1) & 1);
     store_fp8(sm, stage, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken, cur);
     if (q % kPasses == kPasses - 1) {
@@ -578,6 +655,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
       mbar_init(sm.empty(s), kConsumerThreads);  // every consumer thread arrives
     }
   }
+  // The producer's first prefetches go out before the Q load, so the two overlap.
+  const int prefetch_next = threadIdx.x < kWarpgroupThreads ? prefetch_first_blocks<kFp8>(p, w) : -1;
+
   // Q [64 heads x 576] -> resident swizzled tile, by every thread: 64 rows x 72 pieces; bf16 as it
   // is (cp.async), converted to fp16 for the FP8 path (all loads issued before the first store).
   constexpr int kQPieces = kHeadsPerCta * kChunks * kPiecesPerRow;
@@ -617,9 +697,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   if (warpgroup == 0) {
     setmaxnreg_dec<Regs<kFp8>::kProducer>();
     if constexpr (kFp8) {
-      produce_fp8(p, sm, w);
+      produce_fp8(p, sm, w, prefetch_next);
     } else {
-      produce_bf16(p, sm, w);
+      produce_bf16(p, sm, w, prefetch_next);
     }
   } else {
     setmaxnreg_inc<Regs<kFp8>::kConsumer>();

@@ -62,7 +62,7 @@ elif [ "$MODE" = hopper ]; then
   step ncu-hopper 90 bash $P/attention/ncu_hopper.sh "$P/attention"
   step verify-hopper 90 $DSACTL verify --suite all -d 'dsa_sparse_attention_h*' --trials 1 \
     -s dsactl-attention-hopper -s dsactl-attention-hopper-lsee -s dsactl-attention-hopper-fp8kv \
-    -s dsactl-attention-hopper-fp8kv-lsee --json "$P/attention/verify-hopper.json"
+    --json "$P/attention/verify-hopper.json"
 elif [ "$MODE" = followup ]; then
   step pytest-indexer-bench 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_indexer.py tests/test_bench.py
   step indexer-sweep 40 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
