@@ -133,19 +133,22 @@ static_assert(kFp8KpeOffset == kFp8ScaleOffset + kNumScales * 4 && kFp8TokenByte
 
 // Register split (setmaxnreg): the consumers hold O (64 x 256 fp32 over 128 threads: 128
 // registers) plus S and the softmax state; the producer only addresses (bf16) or one raw token
-// slice in flight plus the next (FP8). The sum must fit the register file.
+// slice in flight plus the next (FP8).
 constexpr uint32_t kRegisterFile = 65536;
 constexpr uint32_t kEntryRegs = kRegisterFile / kThreads / 8 * 8;  // __launch_bounds__(384, 1): 168
 template <bool kFp8>
 struct Regs {
-  static constexpr uint32_t kProducer = kFp8 ? 80 : 40;
+  static constexpr uint32_t kProducer = kFp8 ? 72 : 40;
   static constexpr uint32_t kConsumer = kFp8 ? 216 : 232;
   static_assert(kProducer <= kEntryRegs && kConsumer >= kEntryRegs, "setmaxnreg.dec lowers, .inc raises");
 };
-static_assert(Regs<false>::kProducer * kWarpgroupThreads + Regs<false>::kConsumer * kConsumerThreads <= kRegisterFile &&
-                  Regs<true>::kProducer * kWarpgroupThreads + Regs<true>::kConsumer * kConsumerThreads <=
-                      kRegisterFile,
-              "the register split fits the 64K-register file");
+// setmaxnreg.inc waits until the registers are free in the CTA's own allocation (kEntryRegs per
+// thread at launch), not the SM's whole file: a split that asks for more than the producer gave back
+// never completes (the consumers hang).
+template <bool kFp8>
+constexpr bool kSplitFits = Regs<kFp8>::kProducer * kWarpgroupThreads + Regs<kFp8>::kConsumer * kConsumerThreads <=
+                            kEntryRegs * kThreads;
+static_assert(kSplitFits<false> && kSplitFits<true>, "the register split fits the CTA's launch allocation");
 static_assert(Regs<false>::kConsumer % 8 == 0 && Regs<true>::kConsumer % 8 == 0 && Regs<false>::kProducer % 8 == 0 &&
                   Regs<true>::kProducer % 8 == 0,
               "setmaxnreg counts are multiples of 8");
@@ -210,58 +213,6 @@ __device__ __forceinline__ int gather_index(const Params& p, const Work& w, int 
   return __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
 }
 
-// ---- L2 prefetch of the rows kPrefetchBlocks blocks ahead -------------------------------------------
-// The ring has 2 stages (all the shared memory allows), so a gather starts only when a stage frees and
-// then waits on DRAM: ncu showed the producer's long-scoreboard stalls leading the FP8 path and the
-// tensor pipe mostly idle. A bulk L2 prefetch needs no register and no wait, so the producer issues
-// one per token part for the block after next; by the time that block's stage frees, its rows are in
-// L2. Producer thread i owns token i % 64 of a block, part i / 64 of it.
-constexpr int kPrefetchBlocks = 2;          // ahead of the gather: the ring's depth
-constexpr uint32_t kFp8PrefetchSplit = 336;  // part 0 of a 656-byte token (both parts 16-byte multiples)
-static_assert(kWarpgroupThreads == 2 * kBlockTokens, "two producer threads per token of a block");
-static_assert(kFp8PrefetchSplit % 16 == 0 && (kFp8TokenBytes - kFp8PrefetchSplit) % 16 == 0,
-              "bulk prefetch sizes are multiples of 16 bytes");
-
-template <bool kFp8>
-__device__ __forceinline__ void prefetch_token(const Params& p, int idx) {
-  if (idx < 0) return;
-  const bool part0 = threadIdx.x < kBlockTokens;
-  if constexpr (kFp8) {
-    const uint8_t* token = static_cast<const uint8_t*>(p.kv_a) + static_cast<long long>(idx) * kFp8TokenBytes;
-    prefetch_l2_bulk(part0 ? token : token + kFp8PrefetchSplit,
-                     part0 ? kFp8PrefetchSplit : kFp8TokenBytes - kFp8PrefetchSplit);
-  } else {
-    const __nv_bfloat16* row = part0 ? static_cast<const __nv_bfloat16*>(p.kv_a) + idx * p.kv_a_stride
-                                     : static_cast<const __nv_bfloat16*>(p.kv_b) + idx * p.kv_b_stride;
-    prefetch_l2_bulk(row, (part0 ? kCkvDim : kKpeDim) * 2);
-  }
-}
-
-// This thread's prefetch token index in block b (-1 past the end).
-__device__ __forceinline__ int prefetch_index(const Params& p, const Work& w, int b) {
-  return gather_index(p, w, b, threadIdx.x % kBlockTokens);
-}
-
-// Before the Q load: the first kPrefetchBlocks blocks (their index loads in flight together), and
-// the index of block kPrefetchBlocks, which the producer's first block prefetches.
-template <bool kFp8>
-__device__ __forceinline__ int prefetch_first_blocks(const Params& p, const Work& w) {
-  int idx[kPrefetchBlocks + 1];
-#pragma unroll
-  for (int b = 0; b <= kPrefetchBlocks; ++b) idx[b] = prefetch_index(p, w, b);
-#pragma unroll
-  for (int b = 0; b < kPrefetchBlocks; ++b) prefetch_token<kFp8>(p, idx[b]);
-  return idx[kPrefetchBlocks];
-}
-
-// At block b: prefetch block b + kPrefetchBlocks (its index was loaded one block ago) and load the
-// index of the block after it.
-template <bool kFp8>
-__device__ __forceinline__ void prefetch_ahead(const Params& p, const Work& w, int b, int& next) {
-  prefetch_token<kFp8>(p, next);
-  next = prefetch_index(p, w, b + kPrefetchBlocks + 1);
-}
-
 // ---- producer: bf16 -------------------------------------------------------------------------------
 // 8 lanes per token row (lane % 8 = 16-byte piece): a quarter warp writes one whole 128-byte
 // swizzled row (conflict-free) and reads 128 contiguous bytes. 4 tokens per warp, 16 per pass.
@@ -276,13 +227,12 @@ __device__ __forceinline__ int pass_index(const Params& p, const Work& w, int q)
   return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken);
 }
 
-__device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w, int prefetch_next) {
+__device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
   const int piece = threadIdx.x % kLanesPerToken;
   const __nv_bfloat16* ckv = static_cast<const __nv_bfloat16*>(p.kv_a);
   const __nv_bfloat16* kpe = static_cast<const __nv_bfloat16*>(p.kv_b);
   for (int b = 0; b < w.num_blocks; ++b) {
     const int stage = b % kStages;
-    prefetch_ahead<false>(p, w, b, prefetch_next);
     // Every index first: their loads are independent and in flight together.
     int idx[kPasses];
 #pragma unroll
@@ -415,7 +365,7 @@ __device__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& 
   if (piece == 0) sm.idx(stage)[token] = s.idx >= 0 ? s.idx : -1;
 }
 
-__device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int prefetch_next) {
+__device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w) {
   const int passes = w.num_blocks * kPasses;
   if (passes == 0) return;
   Fp8Slice cur = load_fp8(p, pass_index(p, w, 0));
@@ -427,7 +377,6 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
     idx_next = idx_after;
     const int b = q / kPasses;
     const int stage = b % kStages;
-    if (q % kPasses == 0) prefetch_ahead<true>(p, w, b, prefetch_next);
     if (q % kPasses == 0 && b >= kStages) mbar_wait(sm.empty(stage), ((b / kStages) - 1) & 1);
     store_fp8(sm, stage, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken, cur);
     if (q % kPasses == kPasses - 1) {
@@ -655,9 +604,6 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
       mbar_init(sm.empty(s), kConsumerThreads);  // every consumer thread arrives
     }
   }
-  // The producer's first prefetches go out before the Q load, so the two overlap.
-  const int prefetch_next = threadIdx.x < kWarpgroupThreads ? prefetch_first_blocks<kFp8>(p, w) : -1;
-
   // Q [64 heads x 576] -> resident swizzled tile, by every thread: 64 rows x 72 pieces; bf16 as it
   // is (cp.async), converted to fp16 for the FP8 path (all loads issued before the first store).
   constexpr int kQPieces = kHeadsPerCta * kChunks * kPiecesPerRow;
@@ -697,9 +643,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   if (warpgroup == 0) {
     setmaxnreg_dec<Regs<kFp8>::kProducer>();
     if constexpr (kFp8) {
-      produce_fp8(p, sm, w, prefetch_next);
+      produce_fp8(p, sm, w);
     } else {
-      produce_bf16(p, sm, w, prefetch_next);
+      produce_bf16(p, sm, w);
     }
   } else {
     setmaxnreg_inc<Regs<kFp8>::kConsumer>();
