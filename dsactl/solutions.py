@@ -80,7 +80,8 @@ SOLUTIONS: list[Solution] = [
              "vectorized PyTorch: one torch.topk over all rows, then page translation", needs_gpu=False, baseline=True),
     *(Solution(f"dsactl-attention{v.replace('_', '-')}", (f"dsa_sparse_attention_h*_ckv512_kpe64_topk*_ps64{v}",),
                "triton", f"dsactl.kernels.attention.solution:sparse_attention{v}",
-               "sparse MLA in Triton: 16-64 heads per program, split-KV sized to fill the SMs, exact fp32 combine"
+               ("the Hopper CUDA kernel on sm_90 at 64/128 heads, else " if v in HOPPER_ATTENTION_VARIANTS else "")
+               + "sparse MLA in Triton: 16-64 heads per program, split-KV sized to fill the SMs, exact fp32 combine"
                + (", FP8 KV dequantized in-kernel" if "fp8kv" in v else ""))
       for v in ATTENTION_VARIANTS),
     *(Solution(f"dsactl-attention-hopper{v.replace('_', '-')}",

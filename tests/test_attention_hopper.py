@@ -378,3 +378,26 @@ def test_gpu_fp8_scales_outside_the_fp16_range_take_the_fp32_multiply():
     inputs["kv_cache"] = kv_cache
     for num_splits in (1, 4):
         _assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
+
+
+@pytest.mark.parametrize("runs_here", [True, False])
+def test_dispatch_sends_served_shapes_to_the_hopper_kernel(monkeypatch, runs_here):
+    """solution.implementation_for: the Hopper kernel for 64/128 heads without topk_length or sink
+    on aligned views when it runs here (sm_90, library built); the Triton kernel for the rest."""
+    from dsactl.kernels.attention import solution, triton_sparse_mla
+
+    monkeypatch.setattr(hopper_mla, "runs_on", lambda device: runs_here)
+
+    def chosen(heads: int, suffix: str = "", change: dict | None = None) -> str:
+        definition = _definition(heads, 128, suffix)
+        inputs = _inputs(definition, 2, 8, "cpu", pattern="scattered", valid=(100, 3))
+        named = {**inputs, **_outputs(definition, inputs), **(change or {})}
+        impl = solution.implementation_for(**{k: v for k, v in named.items() if k != "sm_scale"})
+        return {hopper_mla.sparse_mla_attention: "hopper", triton_sparse_mla.sparse_mla_attention: "triton"}[impl]
+
+    hopper = "hopper" if runs_here else "triton"
+    assert [chosen(h) for h in (16, 32, 64, 128)] == ["triton", "triton", hopper, hopper]
+    assert chosen(128, "_fp8kv_lsee") == hopper
+    assert chosen(64, "_topklen") == chosen(64, "_sink") == chosen(128, "_fp8kv_topklen_sink") == "triton"
+    q = torch.randn(2, 64, 513).bfloat16()
+    assert chosen(64, change={"q_nope": q[..., 1:]}) == "triton"  # a view the Hopper kernel refuses

@@ -17,9 +17,9 @@ refused with the reason (the Triton kernel takes it).
 Splits: split s of S takes the row positions s, s + S, ... exactly as the Triton kernel, and writes
 the same fp32 partials (triton_sparse_mla.split_partials), so its combine() reduces them unchanged.
 
-Status: registered as the experimental solutions dsactl-attention-hopper* (bench and verify run
-it beside the Triton kernel on sm_90); solution.implementation_for decides which shapes it serves
-by default, from the side-by-side H200 timings in profiles/h200/attention/.
+Serving: the shipped attention entries (solution.py) dispatch here whenever serves() says the call
+fits; dsactl-attention-hopper* names it directly (sm_90 only), so bench and verify can set it beside
+the Triton kernel.
 """
 
 from __future__ import annotations
@@ -141,6 +141,30 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
         for name, cache in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
             _check_aligned(name, cache, 2)
     return num_tokens, heads, topk, fp8kv
+
+
+def serves(q_nope, q_pe, sparse_indices, output, lse, *, ckv_cache=None, kpe_cache=None, kv_cache=None,
+           topk_length=None, attn_sink=None, **_) -> bool:
+    """Whether this kernel can take the call as given: on an sm_90 GPU with the library built,
+    inputs it accepts. The dispatcher (solution.implementation_for) sends everything else to Triton."""
+    if not runs_on(q_nope.device):
+        return False
+    try:
+        check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache, kv_cache, topk_length, attn_sink)
+    except DsactlError:
+        return False
+    return True
+
+
+def runs_on(device: torch.device) -> bool:
+    """An sm_90 GPU, and lib{LIBRARY}.so built for it (`dsactl build --arch sm90a`)."""
+    if device.type != "cuda" or tuple(_device_capability(device)) != CAPABILITY:
+        return False
+    try:
+        _library()
+    except DsactlError:
+        return False
+    return True
 
 
 def sparse_mla_attention(

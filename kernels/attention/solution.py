@@ -18,15 +18,21 @@ from dsactl.definitions import attention
 from dsactl.kernels.attention import torch_baseline, triton_sparse_mla
 
 
-def implementation_for(heads: int, num_tokens: int, fp8kv: bool) -> Callable[..., None]:
-    """The launcher for one shape. The Triton kernel serves every shape today; a faster
-    kernel for some shapes (the Hopper kernel for 64/128 heads) is chosen here."""
+def implementation_for(q_nope, q_pe, sparse_indices, output, lse, **kwargs) -> Callable[..., None]:
+    """The launcher for one call: the Hopper kernel (hopper_mla.py) wherever it serves the call
+    (sm_90, 64 or 128 heads, no topk_length or sink, aligned views, library built), as it was
+    faster than the Triton kernel on every such shape measured on the H200
+    (profiles/h200/attention/hopper_vs_triton.csv); the Triton kernel everywhere else."""
+    from dsactl.kernels.attention import hopper_mla  # it imports this module's _entry
+
+    if hopper_mla.serves(q_nope, q_pe, sparse_indices, output, lse, **kwargs):
+        return hopper_mla.sparse_mla_attention
     return triton_sparse_mla.sparse_mla_attention
 
 
 def sparse_mla_attention(q_nope, q_pe, sparse_indices, sm_scale, output, lse, **kwargs) -> None:
-    """Dispatch by shape; keyword arguments as triton_sparse_mla.sparse_mla_attention."""
-    impl = implementation_for(q_nope.shape[1], q_nope.shape[0], kwargs.get("kv_cache") is not None)
+    """Dispatch by shape (implementation_for); keyword arguments as triton_sparse_mla.sparse_mla_attention."""
+    impl = implementation_for(q_nope, q_pe, sparse_indices, output, lse, **kwargs)
     impl(q_nope, q_pe, sparse_indices, sm_scale, output, lse, **kwargs)
 
 
