@@ -235,25 +235,11 @@ def test_entries_take_the_served_definitions_signatures():
             assert list(inspect.signature(entry).parameters) == get(_definition(heads, 2048, suffix)).signature
 
 
-def _dequantize_as_kernel(cache: torch.Tensor, mma_dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """The producer's dequantization: in fp16, the scale is rounded to fp16 first when it is 0 or
-    an fp16 normal number (hopper_mla.cu dequant8); otherwise the exact product is rounded once."""
-    raw = cache.view(torch.uint8)
-    values = raw[:, :fp8.MLA_SCALE_OFFSET].contiguous().view(torch.float8_e4m3fn).float()
-    scale = raw[:, fp8.MLA_SCALE_OFFSET:fp8.MLA_KPE_OFFSET].contiguous().view(torch.float32)
-    if mma_dtype == torch.float16:
-        fits = (scale == 0) | ((scale.abs() >= 2.0**-14) & (scale.abs() <= 65504))
-        scale = torch.where(fits, scale.half().float(), scale)
-    ckv = values.view(-1, fp8.MLA_NUM_SCALES, fp8.MLA_SCALE_GROUP) * scale[..., None]
-    _, kpe = fp8.dequantize_mla_kv(cache)
-    return ckv.reshape(-1, fp8.MLA_CKV_DIM), kpe
-
-
 def _emulate_kernel_numerics(inputs: dict, mma_dtype: torch.dtype, lse_base_e: bool) -> dict:
     """The kernel's roundings on CPU (one split): q and the dequantized K/V in mma_dtype, fp32
     logits, log2-domain softmax, P rounded to mma_dtype for P.V, the sum from unrounded P."""
     q = torch.cat([inputs["q_nope"], inputs["q_pe"]], -1).to(mma_dtype).float()
-    ckv, kpe = _dequantize_as_kernel(inputs["kv_cache"].reshape(-1, fp8.MLA_TOKEN_BYTES), mma_dtype)
+    ckv, kpe = fp8.dequantize_mla_kv(inputs["kv_cache"].reshape(-1, fp8.MLA_TOKEN_BYTES))
     k = torch.cat([ckv, kpe], -1).to(mma_dtype).float()
     idx = inputs["sparse_indices"]
     logits = torch.einsum("thd,tnd->thn", q, k[idx.clamp_min(0).long()]) * inputs["sm_scale"] * math.log2(math.e)
@@ -362,9 +348,9 @@ def test_gpu_repeated_calls_are_bitwise_identical():
 
 @pytest.mark.gpu
 @on_sm90
-def test_gpu_fp8_scales_outside_the_fp16_range_take_the_fp32_multiply():
+def test_gpu_fp8_scales_below_the_fp16_range_stay_exact():
     """Tokens whose ckv was quantized from tiny values (scales below fp16's smallest normal, 2^-14)
-    beside ordinary ones: dequant8's fp32 fallback keeps them as exact as the rest."""
+    beside ordinary ones: the scale multiply runs in fp32, only the product is rounded to fp16."""
     g = torch.Generator(device="cuda").manual_seed(11)
     ckv = torch.randn(4096, 512, generator=g, device="cuda")
     ckv[::2] *= 1e-3  # absmax ~4e-3: scale ~1e-5 (< 2^-14)

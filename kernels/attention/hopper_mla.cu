@@ -295,42 +295,19 @@ __device__ __forceinline__ Fp8Slice load_fp8(const Params& p, int idx) {
   return s;
 }
 
-// e4m3 -> fp16 is exact (one conversion per pair). The scale multiply runs in fp16 (one HMUL2 per
-// pair) when the scale is 0 or an fp16 normal number: its own rounding (2^-11 relative) then keeps
-// each value within about 2^-10 of the exact product, well inside the tolerance (the CPU emulation
-// in tests/test_attention_hopper.py checks it). Any other scale takes the fp32 multiply (convert to
-// fp32, multiply, round once): correct for every scale, but four conversions per pair, and the
-// conversion pipe was what bounded the FP8 producer (ncu: ALU the busiest pipe).
-constexpr float kF16MinNormal = 6.103515625e-05f;  // 2^-14
-constexpr float kF16Max = 65504.f;
-
-__device__ __forceinline__ bool scale_fits_f16(float scale) {
-  const float a = fabsf(scale);
-  return a == 0.f || (a >= kF16MinNormal && a <= kF16Max);
-}
-
-__device__ __forceinline__ uint32_t dequant2_f16(uint32_t pair, __half2 scale) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-  const __half2 r = __hmul2(__half2(h), scale);
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-
-__device__ __forceinline__ uint32_t dequant2_f32(uint32_t pair, float scale) {
+// Two e4m3 values (low byte first) times scale -> two fp16 in one word (low half first). e4m3 ->
+// fp16 is exact; the product is rounded once, in fp32 -> fp16.
+__device__ __forceinline__ uint32_t dequant2(uint32_t pair, float scale) {
   const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
   const float2 f = __half22float2(__half2(h));
   const __half2 r = __floats2half2_rn(f.x * scale, f.y * scale);
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
-// 8 e4m3 values (two words, low byte first) times scale -> 8 fp16 (one 16-byte piece).
+// 8 e4m3 values (two words) -> 8 fp16 (one 16-byte piece).
 __device__ __forceinline__ uint4 dequant8(uint32_t lo, uint32_t hi, float scale) {
-  if (scale_fits_f16(scale)) {
-    const __half2 s = __float2half2_rn(scale);
-    return make_uint4(dequant2_f16(lo & 0xFFFF, s), dequant2_f16(lo >> 16, s), dequant2_f16(hi & 0xFFFF, s),
-                      dequant2_f16(hi >> 16, s));
-  }
-  return make_uint4(dequant2_f32(lo & 0xFFFF, scale), dequant2_f32(lo >> 16, scale), dequant2_f32(hi & 0xFFFF, scale),
-                    dequant2_f32(hi >> 16, scale));
+  return make_uint4(dequant2(lo & 0xFFFF, scale), dequant2(lo >> 16, scale), dequant2(hi & 0xFFFF, scale),
+                    dequant2(hi >> 16, scale));
 }
 
 __device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
