@@ -5,12 +5,13 @@
 #   bash profiles/h200/run.sh check OUTDIR   # doctor, GPU tests, verify contest/edge/scale, sanitizer, bundles
 #   bash profiles/h200/run.sh perf  OUTDIR   # benches (contest + scale), ncu profiles (contest + largest scale)
 #   bash profiles/h200/run.sh followup OUTDIR  # after the indexer config change: its tests, old vs new, sanitizer
-#   bash profiles/h200/run.sh hopper OUTDIR    # the Hopper attention kernel: first light, GPU tests, sanitizers
+#   bash profiles/h200/run.sh hopper OUTDIR    # the Hopper attention kernel: GPU tests, bench vs Triton, sanitizers, ncu
+#   bash profiles/h200/run.sh hopper-ab OUTDIR # the Hopper kernel against a variant build (.carry/hopper_b)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODE=${1:?usage: run.sh check|perf|followup|hopper OUTDIR}
+MODE=${1:?usage: run.sh check|perf|followup|hopper|hopper-ab OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
 LOGS=$(mktemp -d)
@@ -67,6 +68,13 @@ elif [ "$MODE" = hopper ]; then
   step verify-hopper 60 $DSACTL verify --suite all -d 'dsa_sparse_attention_h*' --trials 1 \
     -s dsactl-attention-hopper -s dsactl-attention-hopper-lsee -s dsactl-attention-hopper-fp8kv \
     --json "$P/attention/verify-hopper.json"
+elif [ "$MODE" = hopper-ab ]; then
+  # The shipped Hopper kernel against a variant build (.carry/hopper_b/libhopper_mla.so, made from a
+  # patch saved beside it), then the GPU tests on the variant (its .so put in place of the build's).
+  step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
+  step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention" --ab .carry/hopper_b/libhopper_mla.so
+  cp .carry/hopper_b/libhopper_mla.so build/sm90a/libhopper_mla.so
+  step pytest-hopper-variant 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
 elif [ "$MODE" = followup ]; then
   step pytest-indexer-bench 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_indexer.py tests/test_bench.py
   step indexer-sweep 40 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
