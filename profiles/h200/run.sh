@@ -75,6 +75,10 @@ elif [ "$MODE" = hopper-ab ]; then
   step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention" --ab .carry/hopper_b/libhopper_mla.so
   cp .carry/hopper_b/libhopper_mla.so build/sm90a/libhopper_mla.so
   step pytest-hopper-variant 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
+  for tool in memcheck racecheck synccheck; do
+    step "variant-$tool" 50 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      python3 $P/attention/hopper_check.py 128-256-2-fp8-3-scattered 64-128-1-bf16-1-full
+  done
 elif [ "$MODE" = followup ]; then
   step pytest-indexer-bench 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_indexer.py tests/test_bench.py
   step indexer-sweep 40 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
