@@ -17,7 +17,6 @@ OUTDIR/hopper_vs_triton.png, and prints the table last.
 
 from __future__ import annotations
 
-import csv
 import ctypes
 import statistics
 import sys
@@ -30,6 +29,8 @@ from dsactl.definitions import get
 from dsactl.kernels.attention import hopper_mla
 from dsactl.kernels.attention import triton_sparse_mla as tsm
 from dsactl.workloads import Workload, make_inputs
+
+from bench_old_vs_new import write_csv  # this folder's sibling script (run as a script, its folder is on sys.path)
 
 ITERS = 10
 WARMUP = 2
@@ -70,13 +71,6 @@ def with_library(lib: ctypes.CDLL, fn):
         finally:
             hopper_mla._library = saved
     return call
-
-
-def write_csv(path: Path, rows: list[dict]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
 
 
 def plot(path: Path, rows: list[dict]) -> None:
