@@ -13,6 +13,7 @@ import inspect
 import math
 import shutil
 import subprocess
+import warnings
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -387,3 +388,21 @@ def test_dispatch_sends_served_shapes_to_the_hopper_kernel(monkeypatch, runs_her
     assert chosen(64, "_topklen") == chosen(64, "_sink") == chosen(128, "_fp8kv_topklen_sink") == "triton"
     q = torch.randn(2, 64, 513).bfloat16()
     assert chosen(64, change={"q_nope": q[..., 1:]}) == "triton"  # a view the Hopper kernel refuses
+
+
+def test_an_sm90_gpu_without_the_build_warns_once_and_falls_back(monkeypatch):
+    def missing():
+        raise DsactlError("libhopper_mla.so is not built: run `dsactl build --arch sm90a`")
+
+    monkeypatch.setattr(hopper_mla, "_device_capability", lambda device: (9, 0))
+    monkeypatch.setattr(hopper_mla, "_library", missing)
+    hopper_mla._warn_not_used.cache_clear()
+    with pytest.warns(RuntimeWarning, match=r"not used on this sm_90 GPU .*dsactl build --arch sm90a"):
+        assert not hopper_mla.runs_on(torch.device("cuda"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not hopper_mla.runs_on(torch.device("cuda"))  # said once
+    monkeypatch.setattr(hopper_mla, "_device_capability", lambda device: (10, 0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not hopper_mla.runs_on(torch.device("cuda"))  # another arch: nothing to say

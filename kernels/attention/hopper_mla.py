@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import warnings
 from functools import lru_cache
 
 import torch
@@ -157,14 +158,22 @@ def serves(q_nope, q_pe, sparse_indices, output, lse, *, ckv_cache=None, kpe_cac
 
 
 def runs_on(device: torch.device) -> bool:
-    """An sm_90 GPU, and lib{LIBRARY}.so built for it (`dsactl build --arch sm90a`)."""
+    """An sm_90 GPU, and lib{LIBRARY}.so built for it (`dsactl build --arch sm90a`). An sm_90 GPU
+    without a usable build says so once (the Triton kernel still serves, only slower)."""
     if device.type != "cuda" or tuple(_device_capability(device)) != CAPABILITY:
         return False
     try:
         _library()
-    except DsactlError:
+    except DsactlError as e:
+        _warn_not_used(str(e))
         return False
     return True
+
+
+@lru_cache(maxsize=None)
+def _warn_not_used(reason: str) -> None:
+    warnings.warn(f"{WHO} not used on this sm_90 GPU (the Triton kernel serves its shapes, slower): {reason}",
+                  RuntimeWarning, stacklevel=4)
 
 
 def sparse_mla_attention(
