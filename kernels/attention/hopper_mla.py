@@ -129,29 +129,42 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
     """Every check that needs no GPU: (num_tokens, heads, topk, fp8kv), or a DsactlError."""
     _check(topk_length is None, "topk_length (_topklen) is not served here: use the Triton kernel")
     _check(attn_sink is None, "attn_sink (_sink) is not served here: use the Triton kernel")
-    num_tokens, heads, topk, fp8kv = tsm.check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache,
-                                                      kpe_cache, kv_cache, None, None, HEADS, WHO)
+    checked = tsm.check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache, kv_cache, None, None,
+                               HEADS, WHO)
+    _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache)
+    return checked
+
+
+def _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache) -> None:
+    """What this kernel needs beyond the operator's contract (tsm.check_inputs): its token and topk
+    limits and 16-byte alignment. Reads only the leading dims, so it may run before the contract."""
+    num_tokens, topk = sparse_indices.shape[0], sparse_indices.shape[-1]
     _check(num_tokens <= MAX_TOKENS, f"at most {MAX_TOKENS} query tokens per call, got {num_tokens}")
     _check(topk % BLOCK_TOKENS == 0 and topk <= MAX_TOPK,
            f"topk must be a multiple of {BLOCK_TOKENS} in [{BLOCK_TOKENS}, {MAX_TOPK}], got {topk}")
     for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("output", output)):
         _check_aligned(name, t, 2)
-    if fp8kv:
+    if kv_cache is not None:
         _check(kv_cache.data_ptr() % ALIGN_BYTES == 0, "kv_cache must start 16-byte aligned")
     else:
         for name, cache in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
             _check_aligned(name, cache, 2)
-    return num_tokens, heads, topk, fp8kv
 
 
 def serves(q_nope, q_pe, sparse_indices, output, lse, *, ckv_cache=None, kpe_cache=None, kv_cache=None,
            topk_length=None, attn_sink=None, **_) -> bool:
-    """Whether this kernel can take the call as given: on an sm_90 GPU with the library built,
-    inputs it accepts. The dispatcher (solution.implementation_for) sends everything else to Triton."""
+    """Whether the dispatcher (solution.implementation_for) should send this call here: an sm_90 GPU
+    with the library built, a variant and head count this kernel serves, its limits and alignment.
+    The operator's contract is not checked here (sparse_mla_attention checks it once, and a call
+    that breaks it fails there as it would in the Triton kernel); everything else goes to Triton."""
+    if topk_length is not None or attn_sink is not None or q_nope.dim() != 3 or q_nope.shape[1] not in HEADS:
+        return False
+    if kv_cache is None and (ckv_cache is None or kpe_cache is None):
+        return False  # no KV form: the contract check (Triton's) says so
     if not runs_on(q_nope.device):
         return False
     try:
-        check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache, kv_cache, topk_length, attn_sink)
+        _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache)
     except DsactlError:
         return False
     return True
