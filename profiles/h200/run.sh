@@ -33,6 +33,13 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to profiles/h20
   tar czf "$OUT/results-$MODE.tgz" "$P" 2>/dev/null  # refreshed per step: a cut-off run still returns what it made
 }
 
+sanitize_hopper() {  # sanitize_hopper PREFIX: memcheck, racecheck, synccheck on a 128-head FP8 split case and a bf16 one
+  for tool in memcheck racecheck synccheck; do
+    step "$1-$tool" 50 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      python3 $P/attention/hopper_check.py 128-256-2-fp8-3-scattered 64-128-1-bf16-1-full
+  done
+}
+
 if [ "$MODE" = check ]; then
   step doctor 30 $DSACTL doctor --json "$P/doctor.json"
   cp "$LOGS/doctor.log" "$P/doctor.txt"
@@ -60,10 +67,7 @@ elif [ "$MODE" = hopper ]; then
   AB=(); [ -f .carry/hopper_b/libhopper_mla.so ] && AB=(--ab .carry/hopper_b/libhopper_mla.so)
   step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention" "${AB[@]}"
   step pytest-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/test_attention_hopper.py
-  for tool in memcheck racecheck synccheck; do
-    step "hopper-$tool" 50 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-      python3 $P/attention/hopper_check.py 128-256-2-fp8-3-scattered 64-128-1-bf16-1-full
-  done
+  sanitize_hopper hopper
   step ncu-hopper 45 bash $P/attention/ncu_hopper.sh "$P/attention"
   step verify-hopper 60 $DSACTL verify --suite all -d 'dsa_sparse_attention_h*' --trials 1 \
     -s dsactl-attention-hopper -s dsactl-attention-hopper-lsee -s dsactl-attention-hopper-fp8kv \
@@ -75,10 +79,7 @@ elif [ "$MODE" = hopper-ab ]; then
   step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention" --ab .carry/hopper_b/libhopper_mla.so
   cp .carry/hopper_b/libhopper_mla.so build/sm90a/libhopper_mla.so
   step pytest-hopper-variant 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
-  for tool in memcheck racecheck synccheck; do
-    step "variant-$tool" 50 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-      python3 $P/attention/hopper_check.py 128-256-2-fp8-3-scattered 64-128-1-bf16-1-full
-  done
+  sanitize_hopper variant
 elif [ "$MODE" = followup ]; then
   step pytest-indexer-bench 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_indexer.py tests/test_bench.py
   step indexer-sweep 40 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
