@@ -97,7 +97,7 @@ int device_info(DeviceInfo** out) {
     err = cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
     if (err != cudaSuccess) return err;
     // The key cache / candidate region takes what the per-block limit leaves (sm_90/sm_100:
-    // 227 KB -> 206 KB, 52K fp32 keys; sm_120: 99 KB -> 78 KB).
+    // 227 KB -> 205 KB, 52K fp32 keys; sm_120: 99 KB -> 77 KB).
     info.region_bytes = (optin - kFixedDynamicSmem - kStaticSmemReserve) / 16 * 16;
     err = configure<Fp32>(info, info.max_clusters[kFloat32]);
     if (err == cudaSuccess) err = configure<Bf16>(info, info.max_clusters[kBfloat16]);
@@ -151,7 +151,7 @@ int launch(const Params& p, int dtype, int rows, cudaStream_t stream) {
   // A region that caches the longest chunk is enough; otherwise the full candidate region.
   q.region_bytes = cache_bytes <= info->region_bytes ? ceil_div(cache_bytes, 16) * 16 : info->region_bytes;
   q.page_cache = min(ceil_div(ceil_div(chunk, kPageSize) + 1, 4) * 4, kMaxPageCache);
-  const int smem_bytes = kHistBytes + q.page_cache * 4 + q.region_bytes;
+  const int smem_bytes = kHistBytes + kReducedBytes + q.page_cache * 4 + q.region_bytes;
 
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(static_cast<unsigned>(rows * cluster_size));

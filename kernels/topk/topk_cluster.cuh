@@ -32,30 +32,98 @@ constexpr int kChunkAlign = 8;                       // chunk starts stay 16-byt
 constexpr int kCandidateBytes = 8;                   // candidate = (uint32 key, int32 index)
 constexpr int kMaxPageCache = 1024;                  // block-table entries staged in shared memory (64K tokens)
 constexpr int kHistBytes = 2 * kBins * 4;            // double-buffered histogram (levels alternate)
-constexpr int kFixedDynamicSmem = kHistBytes + kMaxPageCache * 4;
+// Clusters of at least this many CTAs sum their histograms by reduce-scatter + all-gather: each
+// CTA reads 16 KB of remote shared memory a level instead of cluster_size * 8 KB (the SM-to-SM
+// network, not the arithmetic, bounds the direct sum at 8 CTAs).
+constexpr int kScatterMinCluster = 8;
+constexpr int kReducedBytes = kBins / kScatterMinCluster * 4;  // this CTA's slice of the cluster's sum
+constexpr int kFixedDynamicSmem = kHistBytes + kReducedBytes + kMaxPageCache * 4;
 constexpr int kStaticSmemReserve = 1024;             // Scratch (checked below) within the per-block opt-in limit
-static_assert(kMaxPageCache % 4 == 0, "the region after the staged pages stays 16-byte aligned");
+static_assert(kMaxPageCache % 4 == 0 && kReducedBytes % 16 == 0, "the region after the staged pages stays 16-byte aligned");
+static_assert(kMaxCluster <= kBins / 2 && kBins / kScatterMinCluster <= kThreads, "a reduce-scatter slice is at most one bin a thread");
 
 // Block-uniform state shared by the threads of one CTA.
 struct Scratch {
   unsigned long long warp_sum[kWarps];
+  int sink[32];  // count_if's per-lane words for elements outside the active prefix
   int bin, above_total, count_total, above_local, count_local;  // find_threshold's answer
   int greater_base, tie_base;                                    // this CTA's output offsets
-  int greater_slot, tie_slot, cand_count;                        // CTA-local running counters
+  int cand_count;                                                // candidates compacted
+  unsigned long long slots;  // CTA-local running counters: greater elements << 32 | equal elements
   int cluster_greater, cluster_ties;                             // used on rank 0 only, via DSMEM
 };
 
-// Slot of this lane among the lanes of its warp that set `pred`, reserved from a shared counter
-// with one atomic per warp. Every lane of the warp must call it.
-__device__ __forceinline__ int warp_slot(bool pred, int* counter) {
-  const unsigned mask = __ballot_sync(0xffffffffu, pred);
-  if (mask == 0u) return -1;
-  const int leader = __ffs(mask) - 1;
+// One thread's elements of one iteration of visit_global: kVecs vectors of kVec consecutive
+// positions from first[u]; positions at or past `end` are invalid. Indices and validity are
+// recomputed where used, not held: registers are at their cap (1024 threads).
+template <int kVecs, int kVec>
+struct GlobalBatch {
+  static_assert(kVecs * kVec <= 32, "classify's bit masks");
+  uint32_t key[kVecs * kVec];
+  int first[kVecs];
+  int end;
+};
+
+template <int kVecs, int kVec, class F>
+__device__ __forceinline__ void for_each_element(const GlobalBatch<kVecs, kVec>& b, F&& f) {
+#pragma unroll
+  for (int u = 0; u < kVecs; ++u) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) f(u * kVec + j, b.first[u] + j, b.key[u * kVec + j], b.first[u] + j < b.end);
+  }
+}
+
+// One thread's elements of one iteration of visit_shared: element u is array entry
+// first + u * kThreads, valid below n.
+template <int N>
+struct SharedBatch {
+  static_assert(N <= 32, "classify's bit masks");
+  uint32_t key[N];
+  int index[N];
+  int first, n;
+};
+
+template <int N, class F>
+__device__ __forceinline__ void for_each_element(const SharedBatch<N>& b, F&& f) {
+#pragma unroll
+  for (int u = 0; u < N; ++u) f(u, b.index[u], b.key[u], b.first + u * kThreads < b.n);
+}
+
+// Adapts a per-element f(i, key, valid) to the batch visitors.
+template <class F>
+__device__ __forceinline__ auto each(F&& f) {
+  return [&f](const auto& b) { for_each_element(b, [&f](int, int i, uint32_t key, bool valid) { f(i, key, valid); }); };
+}
+
+// Bit n of .x / .y: the batch's element n is above / equal to the threshold prefix.
+template <class B>
+__device__ __forceinline__ uint2 classify(const B& b, uint32_t mask, uint32_t value) {
+  uint2 bits = make_uint2(0u, 0u);
+  for_each_element(b, [&](int n, int, uint32_t key, bool valid) {
+    bits.x |= static_cast<uint32_t>(valid && (key & mask) > value) << n;
+    bits.y |= static_cast<uint32_t>(valid && (key & mask) == value) << n;
+  });
+  return bits;
+}
+
+// This thread's first slots for `greater` and `equal` elements, reserved from the packed shared
+// counter (greater << 32 | equal) with one warp scan and one atomic per warp: per element this
+// costs two adds, where a ballot-based slot a class costs a dozen instructions. Every lane of the
+// warp must call it.
+__device__ __forceinline__ int2 reserve_slots(int greater, int equal, unsigned long long* counter) {
+  const unsigned long long mine = (static_cast<unsigned long long>(greater) << 32) | static_cast<unsigned>(equal);
+  if (__ballot_sync(0xffffffffu, mine != 0ull) == 0u) return make_int2(0, 0);
   const int lane = threadIdx.x & 31;
-  int base = 0;
-  if (lane == leader) base = atomicAdd(counter, __popc(mask));
-  base = __shfl_sync(0xffffffffu, base, leader);
-  return base + __popc(mask & lanemask_lt());
+  unsigned long long incl = mine;  // inclusive prefix sum over lanes <= lane
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const unsigned long long v = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += v;
+  }
+  unsigned long long base = 0;
+  if (lane == 31) base = atomicAdd(counter, incl);
+  const unsigned long long start = __shfl_sync(0xffffffffu, base, 31) + incl - mine;
+  return make_int2(static_cast<int>(start >> 32), static_cast<int>(start & 0xffffffffull));
 }
 
 __device__ __forceinline__ void cp_async_4(int* smem, const int* gmem) {
@@ -78,14 +146,17 @@ __device__ __forceinline__ void cluster_barrier(const cg::cluster_group& cluster
 // generic addressing serves both.
 struct PageMap {
   const int* pages;
-  __device__ int physical(int i) const { return pages[i / kPageSize] * kPageSize + i % kPageSize; }
+  __device__ int physical(int i) const {  // i >= 0: unsigned division is a shift
+    const unsigned u = static_cast<unsigned>(i);
+    return pages[u / kPageSize] * kPageSize + static_cast<int>(u % kPageSize);
+  }
 };
 
-// Calls f(i, key, valid) for every position of [begin, end) read from global memory, with a
-// trip count uniform across the block so that f may use warp collectives.
-template <class S, class F>
+// Calls f(batch) with every position of [begin, end) read from global memory, kUnroll vectors a
+// thread an iteration, with a trip count uniform across the block so that f may use warp
+// collectives.
+template <class S, int kUnroll, class F>
 __device__ __forceinline__ void visit_global(const typename S::Raw* row, int begin, int end, F&& f) {
-  constexpr int kUnroll = S::kUnroll;
   constexpr int kPerIter = kThreads * S::kVec * kUnroll;
   const bool aligned = (reinterpret_cast<uintptr_t>(row + begin) & 15u) == 0u;
   const int iters = ceil_div(end - begin, kPerIter);
@@ -104,47 +175,92 @@ __device__ __forceinline__ void visit_global(const typename S::Raw* row, int beg
         }
       }
     }
+    GlobalBatch<kUnroll, S::kVec> b;
+    b.end = end;
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int e = begin + it * kPerIter + (u * kThreads + static_cast<int>(threadIdx.x)) * S::kVec;
+      b.first[u] = begin + it * kPerIter + (u * kThreads + static_cast<int>(threadIdx.x)) * S::kVec;
 #pragma unroll
-      for (int j = 0; j < S::kVec; ++j) f(e + j, S::key(S::lane(raw[u], j)), e + j < end);
+      for (int j = 0; j < S::kVec; ++j) b.key[u * S::kVec + j] = S::key(S::lane(raw[u], j));
     }
+    f(b);
   }
 }
 
-template <class F>
-__device__ __forceinline__ void visit_shared(int n, F&& f) {
-  const int iters = ceil_div(n, kThreads);
+template <int N>
+struct Unroll {  // a compile-time vectors-per-iteration argument
+  static constexpr int value = N;
+};
+
+constexpr int kSharedBatch = 8;  // elements a thread per iteration of visit_shared
+
+// Calls f(batch) with elements 0 .. n-1 of a shared-memory array, load(i, key, index) reading
+// element i, kSharedBatch a thread an iteration, with a trip count uniform across the block.
+template <class Load, class F>
+__device__ __forceinline__ void visit_shared(int n, Load&& load, F&& f) {
+  const int iters = ceil_div(n, kThreads * kSharedBatch);
   for (int it = 0; it < iters; ++it) {
-    const int i = it * kThreads + static_cast<int>(threadIdx.x);
-    f(i, i < n);
+    SharedBatch<kSharedBatch> b;
+    b.first = it * kSharedBatch * kThreads + static_cast<int>(threadIdx.x);
+    b.n = n;
+#pragma unroll
+    for (int u = 0; u < kSharedBatch; ++u) {
+      const int i = b.first + u * kThreads;
+      b.key[u] = 0u;
+      b.index[u] = 0;
+      if (i < n) load(i, b.key[u], b.index[u]);
+    }
+    f(b);
   }
 }
 
 enum class Source { kCache, kGlobal, kCandidates };
 
-// Thread t owns bins 2t and 2t+1. Sums the cluster's histograms, finds the bin T with
-// count(bins above T) < k_rem <= count(bins >= T), and stores in s the cluster-wide and
-// CTA-local counts above and in T. Two block barriers; the answer is read after return, and
-// s.warp_sum is rewritten only after the caller's next barrier.
-__device__ void find_threshold(int* hist, int k_rem, const cg::cluster_group& cluster, int cluster_size,
-                               Scratch& s) {
+// The cluster-wide counts of bins 2t and 2t+1 (thread t). Below kScatterMinCluster CTAs, every
+// CTA sums every CTA's histogram. From there on, CTA r first sums slice r of the bins over the
+// cluster into `reduced`, and after a cluster barrier every CTA reads each slice from its owner.
+// `reduced` is rewritten only after the caller's next cluster barrier, which every CTA reaches
+// after its reads here.
+__device__ __forceinline__ int2 cluster_counts(const int* hist, int* reduced, const cg::cluster_group& cluster,
+                                               int cluster_size) {
   const int t = threadIdx.x;
-  const int lane = t & 31, warp = t >> 5;
-  const int2 local = reinterpret_cast<const int2*>(hist)[t];
-  int2 total = local;
-  if (cluster_size > 1) {
-    total = make_int2(0, 0);
+  if (cluster_size < kScatterMinCluster) {
+    int2 total = make_int2(0, 0);
 #pragma unroll
-    for (int r = 0; r < kMaxCluster; ++r) {  // unrolled: the remote loads are issued together
+    for (int r = 0; r < kScatterMinCluster - 1; ++r) {  // unrolled: the remote loads are issued together
       if (r < cluster_size) {
         const int2 v = reinterpret_cast<const int2*>(cluster.map_shared_rank(hist, r))[t];
         total.x += v.x;
         total.y += v.y;
       }
     }
+    return total;
   }
+  const int slice = kBins / cluster_size;  // even, so bins 2t and 2t+1 share an owner
+  const int rank = static_cast<int>(cluster.block_rank());
+  if (t < slice) {
+    int sum = 0;
+#pragma unroll
+    for (int r = 0; r < kMaxCluster; ++r) {
+      if (r < cluster_size) sum += cluster.map_shared_rank(hist, r)[rank * slice + t];
+    }
+    reduced[t] = sum;
+  }
+  cluster.sync();
+  const int owner = 2 * t / slice;
+  return reinterpret_cast<const int2*>(cluster.map_shared_rank(reduced, owner))[t - owner * slice / 2];
+}
+
+// Thread t owns bins 2t and 2t+1. Sums the cluster's histograms, finds the bin T with
+// count(bins above T) < k_rem <= count(bins >= T), and stores in s the cluster-wide and
+// CTA-local counts above and in T. Two block barriers; the answer is read after return, and
+// s.warp_sum is rewritten only after the caller's next barrier.
+__device__ void find_threshold(int* hist, int* reduced, int k_rem, const cg::cluster_group& cluster,
+                               int cluster_size, Scratch& s) {
+  const int t = threadIdx.x;
+  const int lane = t & 31, warp = t >> 5;
+  const int2 local = reinterpret_cast<const int2*>(hist)[t];
+  const int2 total = cluster_size > 1 ? cluster_counts(hist, reduced, cluster, cluster_size) : local;
   // (cluster count << 32) | local count: both fit 32 bits, so packed sums never carry.
   auto pack = [](int hi, int lo) {
     return (static_cast<unsigned long long>(static_cast<unsigned>(hi)) << 32) | static_cast<unsigned>(lo);
@@ -212,8 +328,9 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
   }
 
   int* const hist = reinterpret_cast<int*>(smem);  // level l accumulates into hist + (l & 1) * kBins
-  int* staged_pages = reinterpret_cast<int*>(smem + kHistBytes);
-  unsigned char* region = smem + kHistBytes + p.page_cache * 4;
+  int* const reduced = reinterpret_cast<int*>(smem + kHistBytes);
+  int* staged_pages = reinterpret_cast<int*>(smem + kHistBytes + kReducedBytes);
+  unsigned char* region = smem + kHistBytes + kReducedBytes + p.page_cache * 4;
   CacheKey* cache = reinterpret_cast<CacheKey*>(region);
   const int cand_capacity = p.region_bytes / kCandidateBytes;
   uint32_t* cand_key = reinterpret_cast<uint32_t*>(region);
@@ -238,27 +355,37 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
   }
   __syncthreads();
 
+  const uint32_t sink = shared_addr(s.sink + (threadIdx.x & 31));
   Source source = chunk * static_cast<int>(sizeof(CacheKey)) <= p.region_bytes ? Source::kCache : Source::kGlobal;
   {
     const bool cache_it = source == Source::kCache;
-    visit_global<S>(scores, begin, end, [&](int i, uint32_t key, bool valid) {
-      if (!valid) return;
-      if (cache_it) cache[i - begin] = static_cast<CacheKey>(key);
-      atomicAdd(&hist[L::digit(key, 0)], 1);
-    });
+    const uint32_t hist_addr = shared_addr(hist);
+    visit_global<S, S::kUnroll>(scores, begin, end, each([&](int i, uint32_t key, bool valid) {
+      if (cache_it && valid) cache[i - begin] = static_cast<CacheKey>(key);
+      count_if(valid, hist_addr + digit_offset<L>(key, 0), sink);
+    }));
   }
   cp_async_wait_all();
 
-  // Calls f(i, key, valid) for every element of the current source, uniformly across the block.
-  auto visit_source = [&](auto&& f) {
+  // The passes that reserve output slots hold a batch's keys across a warp scan: half the loads
+  // in flight of the histogram passes keeps them within the 64 registers of 1024 threads.
+  constexpr int kSlotUnroll = S::kUnroll / 2;
+  static_assert(kSlotUnroll >= 1, "at least one vector a thread an iteration");
+  // Calls f(batch) with every element of the current source, uniformly across the block,
+  // `unroll` vectors a thread an iteration when the source is global memory.
+  auto visit_source = [&](auto unroll, auto&& f) {
     if (source == Source::kCache) {
-      visit_shared(end - begin, [&](int i, bool valid) { f(begin + i, valid ? uint32_t(cache[i]) : 0u, valid); });
+      visit_shared(end - begin, [&](int i, uint32_t& key, int& index) {
+        key = cache[i];
+        index = begin + i;
+      }, f);
     } else if (source == Source::kCandidates) {
-      visit_shared(s.cand_count, [&](int i, bool valid) {
-        f(valid ? cand_idx[i] : 0, valid ? cand_key[i] : 0u, valid);
-      });
+      visit_shared(s.cand_count, [&](int i, uint32_t& key, int& index) {
+        key = cand_key[i];
+        index = cand_idx[i];
+      }, f);
     } else {
-      visit_global<S>(scores, begin, end, f);
+      visit_global<S, decltype(unroll)::value>(scores, begin, end, f);
     }
   };
 
@@ -272,7 +399,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
 
   for (int l = 0;; ++l) {
     cluster_barrier(cluster, cluster_size);
-    find_threshold(hist + (l & 1) * kBins, k_rem, cluster, cluster_size, s);
+    find_threshold(hist + (l & 1) * kBins, reduced, k_rem, cluster, cluster_size, s);
     greater_pending += s.above_local;
     k_rem -= s.above_total;
     mask |= L::digit_mask(l);
@@ -281,14 +408,14 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
     if (s.count_total == k_rem || l + 1 == L::kCount) break;
 
     int* next = hist + ((l + 1) & 1) * kBins;
+    const uint32_t next_addr = shared_addr(next);
     if (l >= 1) {  // its previous contents were last read by the cluster before this level's barrier
       for (int i = threadIdx.x; i < kBins; i += kThreads) next[i] = 0;
     }
     const bool compact = source == Source::kGlobal && local_eq <= cand_capacity;
     if (compact && threadIdx.x == 0) {
       s.greater_base = atomicAdd(remote_greater, greater_pending);
-      s.greater_slot = 0;
-      s.cand_count = 0;
+      s.slots = 0;
     }
     __syncthreads();
     const int nl = l + 1;
@@ -296,25 +423,27 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
       // One pass over the chunk: write every element above the prefix, keep the prefix's
       // candidates (they fit: local_eq <= capacity) and histogram their next digit.
       const int greater_base = s.greater_base;
-      visit_global<S>(scores, begin, end, [&](int i, uint32_t key, bool valid) {
-        const uint32_t masked = key & mask;
-        const bool greater = valid && masked > value;
-        const bool equal = valid && masked == value;
-        const int g = warp_slot(greater, &s.greater_slot);
-        if (greater) out[greater_base + g] = pages.physical(i);
-        const int c = warp_slot(equal, &s.cand_count);
-        if (equal) {
-          cand_key[c] = key;
-          cand_idx[c] = i;
-          atomicAdd(&next[L::digit(key, nl)], 1);
-        }
+      visit_global<S, kSlotUnroll>(scores, begin, end, [&](const auto& b) {
+        const uint2 bits = classify(b, mask, value);
+        int2 slot = reserve_slots(__popc(bits.x), __popc(bits.y), &s.slots);
+        for_each_element(b, [&](int n, int i, uint32_t key, bool) {
+          const bool is_equal = (bits.y >> n) & 1u;
+          if ((bits.x >> n) & 1u) out[greater_base + slot.x++] = pages.physical(i);
+          if (is_equal) {
+            cand_key[slot.y] = key;
+            cand_idx[slot.y++] = i;
+          }
+          count_if(is_equal, next_addr + digit_offset<L>(key, nl), sink);
+        });
       });
+      __syncthreads();
+      if (threadIdx.x == 0) s.cand_count = static_cast<int>(s.slots & 0xffffffffull);
       greater_pending = 0;
       source = Source::kCandidates;
     } else {
-      visit_source([&](int, uint32_t key, bool valid) {
-        if (valid && (key & mask) == value) atomicAdd(&next[L::digit(key, nl)], 1);
-      });
+      visit_source(Unroll<S::kUnroll>{}, each([&](int, uint32_t key, bool valid) {
+        count_if(valid && (key & mask) == value, next_addr + digit_offset<L>(key, nl), sink);
+      }));
     }
   }
 
@@ -323,21 +452,21 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
   if (threadIdx.x == 0) {
     s.greater_base = atomicAdd(remote_greater, greater_pending);
     s.tie_base = atomicAdd(remote_ties, local_eq);
-    s.greater_slot = 0;
-    s.tie_slot = 0;
+    s.slots = 0;
   }
   __syncthreads();
   const int greater_base = s.greater_base;
   const int tie_base = k - k_rem + s.tie_base;
   const int tie_take = min(local_eq, k_rem - s.tie_base);  // <= 0: all ties taken by other CTAs
-  visit_source([&](int i, uint32_t key, bool valid) {
-    const uint32_t masked = key & mask;
-    const bool greater = valid && masked > value;
-    const bool equal = valid && masked == value;
-    const int g = warp_slot(greater, &s.greater_slot);
-    if (greater) out[greater_base + g] = pages.physical(i);
-    const int e = warp_slot(equal, &s.tie_slot);
-    if (equal && e < tie_take) out[tie_base + e] = pages.physical(i);
+  visit_source(Unroll<kSlotUnroll>{}, [&](const auto& b) {
+    const uint2 bits = classify(b, mask, value);
+    int2 slot = reserve_slots(__popc(bits.x), __popc(bits.y), &s.slots);
+    for_each_element(b, [&](int n, int i, uint32_t, bool) {
+      const bool is_equal = (bits.y >> n) & 1u;
+      if ((bits.x >> n) & 1u) out[greater_base + slot.x++] = pages.physical(i);
+      if (is_equal && slot.y < tie_take) out[tie_base + slot.y] = pages.physical(i);
+      slot.y += is_equal;
+    });
   });
   // Rank 0's counters and every CTA's histograms must outlive the cluster's last remote access.
   if (cluster_size > 1) cluster.sync();

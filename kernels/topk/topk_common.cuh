@@ -25,11 +25,12 @@ struct Fp32 {
   static constexpr int kKeyBits = 32;
   static constexpr int kVec = 4;     // elements per 16-byte load
   static constexpr int kUnroll = 4;  // 16-byte loads in flight per thread per global pass
+  // Negative: all bits flipped, else the sign bit set. The finite keys and the infinities span
+  // [key(-inf), key(+inf)] = [0x007fffff, 0xff800000]; NaNs land outside (one unsigned compare).
   __device__ static uint32_t key(uint32_t u) {  // selects, no branches
-    const bool nan = (u & 0x7fffffffu) > 0x7f800000u;  // -inf's key is 0x007fffff
     u = u == 0x80000000u ? 0u : u;
-    const uint32_t k = (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-    return nan ? kNanKey : k;
+    const uint32_t k = u ^ (static_cast<uint32_t>(static_cast<int32_t>(u) >> 31) | 0x80000000u);
+    return k - 0x007fffffu > 0xff800000u - 0x007fffffu ? kNanKey : k;
   }
   __device__ static uint32_t lane(const uint4& v, int j) { return (&v.x)[j]; }
   __device__ static void set_lane(uint4& v, int j, Raw x) { (&v.x)[j] = x; }
@@ -41,11 +42,11 @@ struct Bf16 {
   static constexpr int kKeyBits = 16;
   static constexpr int kVec = 8;
   static constexpr int kUnroll = 2;  // 16 keys per thread as for fp32: more spills registers at 1024 threads
+  // As Fp32::key on 16 bits (u < 1 << 16): finite keys and infinities span [0x007f, 0xff80].
   __device__ static uint32_t key(uint32_t u) {
-    const bool nan = (u & 0x7fffu) > 0x7f80u;  // -inf's key is 0x007f
     u = u == 0x8000u ? 0u : u;
-    const uint32_t k = (u & 0x8000u) ? (~u & 0xffffu) : (u | 0x8000u);
-    return nan ? kNanKey : k;
+    const uint32_t k = u ^ ((static_cast<uint32_t>(static_cast<int32_t>(u << 16) >> 31) & 0x7fffu) | 0x8000u);
+    return k - 0x007fu > 0xff80u - 0x007fu ? kNanKey : k;
   }
   __device__ static uint32_t lane(const uint4& v, int j) { return ((&v.x)[j >> 1] >> ((j & 1) * 16)) & 0xffffu; }
   __device__ static void set_lane(uint4& v, int j, Raw x) { (&v.x)[j >> 1] |= static_cast<uint32_t>(x) << ((j & 1) * 16); }
@@ -88,12 +89,6 @@ __device__ __forceinline__ int clamped_length(const Params& p, int raw) {
   return min(max(raw, 0), min(p.max_len, p.max_pages * kPageSize));
 }
 
-__device__ __forceinline__ unsigned lanemask_lt() {
-  unsigned m;
-  asm("mov.u32 %0, %%lanemask_lt;" : "=r"(m));
-  return m;
-}
-
 // Loads the compiler may neither sink below a later branch nor delay to their first use
 // (volatile), so that they are in flight while the row's length and batch are still loading.
 __device__ __forceinline__ uint4 load_early_v4(const void* p) {
@@ -110,5 +105,23 @@ __device__ __forceinline__ int load_early_s32(const int* p) {
 
 // Warms L2 (and the address translation) for a line that is read or written later.
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+__device__ __forceinline__ uint32_t shared_addr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// Adds 1 to the shared-memory counter at `addr` (shared window) when `pred`, else to `sink`, a
+// word of this lane's own (no bank conflict): one red.shared a call and no branch. Predicating
+// it instead makes ptxas wrap each call in a branch region, which histogram loops of a dozen to a
+// hundred calls a thread cannot afford.
+__device__ __forceinline__ void count_if(bool pred, uint32_t addr, uint32_t sink) {
+  asm volatile("red.shared.add.u32 [%0], 1;" ::"r"(pred ? addr : sink) : "memory");
+}
+
+// The byte offset of key's level-l digit in a histogram of 4-byte counters.
+template <class L>
+__device__ __forceinline__ uint32_t digit_offset(uint32_t key, int l) {
+  return static_cast<uint32_t>(L::digit(key, l)) * 4u;
+}
 
 }  // namespace topk

@@ -27,6 +27,7 @@ static_assert(kRowMaxLen < (1 << kSlotShift), "packed slot counts must not carry
 static_assert(kRowWarps <= 32, "one lane per warp total");
 
 struct RowScratch {
+  int sink[32];  // count_if's per-lane words for keys outside the active prefix
   int warp_total[kRowWarps];
   int bin, above, count;  // the threshold of the current level
   int slots;              // packed (greater, tie) output slots handed out so far
@@ -134,7 +135,8 @@ __global__ void __launch_bounds__(kRowThreads, 1) topk_row_kernel(const Params p
   for (int u = 0; u < kVecs; ++u) {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
-      key[u * kVec + j] = pos(u) + j < length ? S::key(S::lane(raw[u], j)) : kInvalidKey;
+      const uint32_t valid = pos(u) + j < length ? ~0u : 0u;  // a mask, so no branch skips the key's math
+      key[u * kVec + j] = S::key(S::lane(raw[u], j)) & valid;
     }
   }
   __syncthreads();  // cleared histograms and slot counter
@@ -142,12 +144,15 @@ __global__ void __launch_bounds__(kRowThreads, 1) topk_row_kernel(const Params p
   // The threshold prefix: active keys satisfy (key & mask) == value.
   uint32_t mask = 0, value = 0;
   int k_rem = k;
+  const uint32_t hist_addr = shared_addr(hist);
+  const uint32_t sink = shared_addr(s.sink + (t & 31));
 #pragma unroll
   for (int l = 0; l < L::kCount; ++l) {
     int* h = hist + (l & 1) * kBins;
+    const uint32_t h_addr = hist_addr + (l & 1) * kBins * 4;
 #pragma unroll
     for (int j = 0; j < kPerThread; ++j) {
-      if (key[j] != kInvalidKey && (key[j] & mask) == value) atomicAdd(&h[L::digit(key[j], l)], 1);
+      count_if(key[j] != kInvalidKey && (key[j] & mask) == value, h_addr + digit_offset<L>(key[j], l), sink);
     }
     __syncthreads();
     row_find_threshold(h, k_rem, s);
@@ -179,19 +184,21 @@ __global__ void __launch_bounds__(kRowThreads, 1) topk_row_kernel(const Params p
   int greater_slot = start >> kSlotShift;
   int tie_slot = start & ((1 << kSlotShift) - 1);
   const int tie_base = k - k_rem;
+  int id[kVecs];  // physical id of each vector's first position (a vector lies in one page)
+#pragma unroll
+  for (int u = 0; u < kVecs; ++u) id[u] = page[u] * kPageSize + pos(u) % kPageSize;
 #pragma unroll
   for (int u = 0; u < kVecs; ++u) {
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) {
+    for (int j = 0; j < kVec; ++j) {  // one predicated store a key: selects, no branch regions
       const uint32_t kj = key[u * kVec + j];
       const uint32_t masked = kj & mask;
-      const int physical = page[u] * kPageSize + (pos(u) + j) % kPageSize;
-      if (masked > value) {
-        out[greater_slot++] = physical;
-      } else if (kj != kInvalidKey && masked == value) {
-        if (tie_slot < k_rem) out[tie_base + tie_slot] = physical;
-        ++tie_slot;
-      }
+      const bool greater = masked > value;
+      const bool tie = kj != kInvalidKey && masked == value;
+      const int slot = greater ? greater_slot : tie_base + tie_slot;
+      if (greater || (tie && tie_slot < k_rem)) out[slot] = id[u] + j;
+      greater_slot += greater;
+      tie_slot += tie;
     }
   }
 }
