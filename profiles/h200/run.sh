@@ -7,11 +7,12 @@
 #   bash profiles/h200/run.sh followup OUTDIR  # after the indexer config change: its tests, old vs new, sanitizer
 #   bash profiles/h200/run.sh hopper OUTDIR    # the Hopper attention kernel: GPU tests, bench vs Triton, sanitizers, ncu
 #   bash profiles/h200/run.sh hopper-ab OUTDIR # the Hopper kernel against a variant build (.carry/hopper_b)
+#   bash profiles/h200/run.sh indexer-topk OUTDIR  # after the top-k work: indexer contest bench, verify, e2e
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODE=${1:?usage: run.sh check|perf|followup|hopper|hopper-ab OUTDIR}
+MODE=${1:?usage: run.sh check|perf|followup|hopper|hopper-ab|indexer-topk OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
 LOGS=$(mktemp -d)
@@ -80,6 +81,15 @@ elif [ "$MODE" = hopper-ab ]; then
   cp .carry/hopper_b/libhopper_mla.so build/sm90a/libhopper_mla.so
   step pytest-hopper-variant 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper variant
+elif [ "$MODE" = indexer-topk ]; then
+  # The whole indexer and top-k on every suite with the session-4 top-k, the contest bench against
+  # both baselines, and score + top-k end to end against the previous top-k (.carry/topk/libtopk_base.so).
+  step verify-topk-indexer 200 $DSACTL verify --suite all -d 'dsa_topk_*' --trials 1 \
+    --json "$P/verify-topk-indexer.json"
+  step bench-contest-indexer 150 $DSACTL bench --suite contest -d 'dsa_topk_indexer*' --trials 1 --iters 10 \
+    --csv "$P/bench-contest-indexer.csv" --plot "$P/plots-contest-indexer"
+  step topk-in-e2e 60 python3 $P/indexer/topk_in_e2e.py --lib new=build/sm90a/libtopk.so \
+    --lib base=.carry/topk/libtopk_base.so --csv "$P/indexer/topk_in_e2e.csv"
 elif [ "$MODE" = followup ]; then
   step pytest-indexer-bench 100 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_indexer.py tests/test_bench.py
   step indexer-sweep 40 env PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} \
