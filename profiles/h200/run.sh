@@ -8,11 +8,13 @@
 #   bash profiles/h200/run.sh hopper OUTDIR    # the Hopper attention kernel: GPU tests, bench vs Triton, sanitizers, ncu
 #   bash profiles/h200/run.sh hopper-ab OUTDIR # the Hopper kernel against a variant build (.carry/hopper_b)
 #   bash profiles/h200/run.sh indexer-topk OUTDIR  # after the top-k work: indexer contest bench, verify, e2e
+#   bash profiles/h200/run.sh hopper-quick OUTDIR  # a Hopper kernel change: whole GPU suite, sanitizers, bench
+#     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODE=${1:?usage: run.sh check|perf|followup|hopper|hopper-ab|indexer-topk OUTDIR}
+MODE=${1:?usage: run.sh check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
 LOGS=$(mktemp -d)
@@ -81,6 +83,12 @@ elif [ "$MODE" = hopper-ab ]; then
   cp .carry/hopper_b/libhopper_mla.so build/sm90a/libhopper_mla.so
   step pytest-hopper-variant 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper variant
+elif [ "$MODE" = hopper-quick ]; then
+  # The shipped build after a Hopper kernel change: every GPU test, the three sanitizers, the bench
+  # against Triton (no variant).
+  step pytest-gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  sanitize_hopper hopper-quick
+  step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention"
 elif [ "$MODE" = indexer-topk ]; then
   # The whole indexer and top-k on every suite with the session-4 top-k, the contest bench against
   # both baselines, and score + top-k end to end against the previous top-k (.carry/topk/libtopk_base.so).
