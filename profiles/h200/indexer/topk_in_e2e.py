@@ -25,24 +25,18 @@ from dsactl.harness import prepare
 from dsactl.kernels.indexer import solution
 from dsactl.kernels.indexer.score import score
 from dsactl.kernels.topk import launcher
+from dsactl.kernels.topk.model import levels, radix_keys
 from dsactl.workloads import Workload, make_inputs, suite
 
 TOPK = 2048
-LEVEL0_SHIFT = 21  # fp32 key bits above this: the first level's 11-bit digit
-
-
-def keys(scores: torch.Tensor) -> torch.Tensor:
-    """The kernel's order-preserving key (topk_common.cuh Fp32::key), as int64, NaN aside."""
-    u = scores.contiguous().view(torch.int32).to(torch.int64) & 0xFFFFFFFF
-    u = torch.where(u == 0x80000000, torch.zeros_like(u), u)
-    return torch.where(u >= 0x80000000, 0xFFFFFFFF - u, u | 0x80000000)
+LEVEL0_SHIFT = levels(32)[0][0]  # fp32 key bits above this: the first level's 11-bit digit
 
 
 def threshold_bin_sizes(scores: torch.Tensor, lengths: torch.Tensor) -> list[int]:
     """Per row: the number of valid scores in the level-0 bin that holds the topk-th largest."""
     out = []
     for r in range(scores.shape[0]):
-        k = keys(scores[r, : int(lengths[r])])
+        k = radix_keys(scores[r, : int(lengths[r])])
         kth = torch.topk(k, TOPK).values[-1]
         digit = k >> LEVEL0_SHIFT
         out.append(int((digit == (kth >> LEVEL0_SHIFT)).sum()))
