@@ -18,7 +18,8 @@
 //   S > 1: fp32 partials, row (t * S + s) * H + h: part_acc [., 512] unnormalized output,
 //     part_m [.] running max and part_l [.] running sum of the log2-domain logits (empty: -inf, 0).
 //
-// CTA = one token x one group of 64 heads x one split; 3 warpgroups (384 threads):
+// CTA = one token x one group of 64 heads x one split; 3 warpgroups (384 threads). FP8 KV with 128
+// heads: the two head-group CTAs of a (token, split) form a 2-CTA cluster sharing one gather (below).
 //   warpgroup 0, producer: gathers the 64 selected KV rows of each block by index into a 2-stage
 //     shared-memory ring (bf16: cp.async 16-byte chunks; FP8: 16-byte loads, dequantized with
 //     st.shared), signals full[stage]; waits empty[stage] before reusing a stage.
@@ -37,6 +38,14 @@
 //     threads; no block-wide barrier after the prologue.
 //   - setmaxnreg moves registers from the producer to the consumers, whose O accumulator alone is
 //     128 fp32 registers a thread.
+//   - FP8 at 128 heads, both head groups need the same dequantized rows, and the producer's CUDA-core
+//     dequantization bounds the FP8 path (ncu: the consumers wait on it, session 4). So each CTA of
+//     the cluster loads and dequantizes half of every block's tokens and stores them into its own
+//     ring (st.shared) and the peer's (st.async, which completes its bytes on the peer's full
+//     barrier: no fence or remote arrival that would wait for the producer's loads in flight). A
+//     stage is refilled only when both CTAs' consumers have released it (one arrival per consumer
+//     warp on both empty barriers). bf16 keeps one gather per CTA: cp.async cannot write a peer's
+//     memory, and that path is consumer-bound anyway.
 //   - Split-KV (grid y) fills the SMs when tokens x head groups are few; fp32 partials are reduced
 //     by triton_sparse_mla's combine kernel.
 //
@@ -78,6 +87,7 @@ constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);  // 384
 constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
 constexpr int kStages = 2;  // all that fits beside the resident Q (static_assert below)
+constexpr int kClusterHeads = 128;  // FP8 at this many heads: the two head groups share the gather
 constexpr int kMmaK = 16;   // wgmma K for bf16
 
 // FP8 token layout (dsactl/fp8.py).
@@ -133,13 +143,13 @@ static_assert(kFp8KpeOffset == kFp8ScaleOffset + kNumScales * 4 && kFp8TokenByte
 
 // Register split (setmaxnreg): the consumers hold O (64 x 256 fp32 over 128 threads: 128
 // registers) plus S and the softmax state; the producer only addresses (bf16) or one raw token
-// slice in flight plus the next (FP8).
+// slice in flight plus the next and, in a cluster, the peer's addresses (FP8: 72 spilled there).
 constexpr uint32_t kRegisterFile = 65536;
 constexpr uint32_t kEntryRegs = kRegisterFile / kThreads / 8 * 8;  // __launch_bounds__(384, 1): 168
 template <bool kFp8>
 struct Regs {
-  static constexpr uint32_t kProducer = kFp8 ? 72 : 40;
-  static constexpr uint32_t kConsumer = kFp8 ? 216 : 232;
+  static constexpr uint32_t kProducer = kFp8 ? 80 : 40;
+  static constexpr uint32_t kConsumer = kFp8 ? 208 : 232;
   static_assert(kProducer <= kEntryRegs && kConsumer >= kEntryRegs, "setmaxnreg.dec lowers, .inc raises");
 };
 // setmaxnreg.inc waits until the registers are free in the CTA's own allocation (kEntryRegs per
@@ -191,6 +201,9 @@ struct Smem {
   __device__ uint32_t k(int stage) const { return base + kKOffset + stage * kTileBytes; }
   __device__ uint32_t p() const { return base + kPOffset; }
   __device__ int* idx(int stage) const { return reinterpret_cast<int*>(ptr + kIdxOffset) + stage * kBlockTokens; }
+  __device__ uint32_t idx_addr(int stage, int token) const {
+    return base + kIdxOffset + (stage * kBlockTokens + token) * 4;
+  }
   __device__ float* row_max(int c) const { return reinterpret_cast<float*>(ptr + kMaxOffset) + c * kHeadsPerCta; }
   __device__ float* row_sum(int c) const { return reinterpret_cast<float*>(ptr + kSumOffset) + c * kHeadsPerCta; }
   __device__ uint32_t full(int stage) const { return base + kBarOffset + stage * 8; }
@@ -262,6 +275,10 @@ __device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
 }
 
 // ---- producer: FP8 --------------------------------------------------------------------------------
+// kPeers CTAs (1, or a 2-CTA cluster at 128 heads) share each block's gather: CTA `rank` takes
+// passes rank * kPasses / kPeers .. +kPasses / kPeers - 1 of every block and writes them into the
+// peer's ring too, at the same offsets (peer address = local address + peer_delta), completing
+// kPeerBytes on the peer's full barrier, which its own producer expects.
 // One token slice per lane: its 16-byte piece of each of the 4 scale groups (16 e4m3 values), the
 // 4 scales, and its 16-byte piece of the rope values. Software pipeline over passes (across blocks
 // too): the next pass's slice and the index after it are loaded before this pass is converted, so
@@ -320,7 +337,19 @@ __device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v) {
   return make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z), bf16x2_to_f16x2(v.w));
 }
 
-__device__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& s) {
+template <int kPeers>
+constexpr uint32_t kPeerBytes = (kBlockTokens - kBlockTokens / kPeers) * (kQkDim * 2 + 4);  // rows + idx
+
+template <int kPeers>
+__device__ __forceinline__ void put_v4(uint32_t addr, uint32_t peer_delta, uint32_t peer_full, uint4 v) {
+  st_shared_v4(addr, v);
+  if constexpr (kPeers > 1) st_async_v4(addr + peer_delta, v, peer_full);
+}
+
+// peer_full: the peer's full[stage] (shared::cluster address), unused when kPeers == 1.
+template <int kPeers>
+__device__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& s, uint32_t peer_delta,
+                          uint32_t peer_full) {
   const int piece = threadIdx.x % kLanesPerToken;
   const float scales[kNumScales] = {s.scale.x, s.scale.y, s.scale.z, s.scale.w};
   // Group g's 16 values of this lane are dims g*128 + piece*16 .. +15: chunk 2g + piece/4, pieces
@@ -335,30 +364,55 @@ __device__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& 
     const uint4 lo = dequant8(v.x, v.y, scales[g]);  // values 0..7: piece 2 (piece % 4)
     const uint4 hi = dequant8(v.z, v.w, scales[g]);  // values 8..15: the next piece
     const int piece0 = 2 * (piece % 4);
-    st_shared_v4(chunk_base + swizzled(token, piece0 + first), first ? hi : lo);
-    st_shared_v4(chunk_base + swizzled(token, piece0 + 1 - first), first ? lo : hi);
+    put_v4<kPeers>(chunk_base + swizzled(token, piece0 + first), peer_delta, peer_full, first ? hi : lo);
+    put_v4<kPeers>(chunk_base + swizzled(token, piece0 + 1 - first), peer_delta, peer_full, first ? lo : hi);
   }
-  st_shared_v4(sm.k(stage) + kCkvChunks * kChunkBytes + swizzled(token, piece), bf16x8_to_f16x8(s.kpe));
-  if (piece == 0) sm.idx(stage)[token] = s.idx >= 0 ? s.idx : -1;
+  put_v4<kPeers>(sm.k(stage) + kCkvChunks * kChunkBytes + swizzled(token, piece), peer_delta, peer_full,
+                 bf16x8_to_f16x8(s.kpe));
+  if (piece == 0) {
+    const int idx = s.idx >= 0 ? s.idx : -1;
+    sm.idx(stage)[token] = idx;
+    if constexpr (kPeers > 1) {
+      st_async_b32(sm.idx_addr(stage, token) + peer_delta, static_cast<uint32_t>(idx), peer_full);
+    }
+  }
 }
 
-__device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w) {
-  const int passes = w.num_blocks * kPasses;
+template <int kPeers>
+__device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int rank, uint32_t peer_delta) {
+  constexpr int kMyPasses = kPasses / kPeers;
+  static_assert(kPasses % kPeers == 0, "the peers split every block's passes evenly");
+  static_assert(kPeerBytes<kPeers> < (1u << 20), "an mbarrier's tx-count holds under 2^20 bytes");
+  // This lane's token in block-relative terms for this CTA's pass q (kMyPasses per block).
+  const auto token_of = [rank](int q) {
+    return (rank * kMyPasses + q % kMyPasses) * kTokensPerPass + static_cast<int>(threadIdx.x) / kLanesPerToken;
+  };
+  const auto index_of = [&](int q) { return gather_index(p, w, q / kMyPasses, token_of(q)); };
+  const int passes = w.num_blocks * kMyPasses;
   if (passes == 0) return;
-  Fp8Slice cur = load_fp8(p, pass_index(p, w, 0));
-  int idx_next = passes > 1 ? pass_index(p, w, 1) : -1;
+  Fp8Slice cur = load_fp8(p, index_of(0));
+  int idx_next = passes > 1 ? index_of(1) : -1;
   for (int q = 0; q < passes; ++q) {
-    const int idx_after = q + 2 < passes ? pass_index(p, w, q + 2) : -1;
+    const int idx_after = q + 2 < passes ? index_of(q + 2) : -1;
     Fp8Slice next = cur;
     if (q + 1 < passes) next = load_fp8(p, idx_next);
     idx_next = idx_after;
-    const int b = q / kPasses;
+    const int b = q / kMyPasses;
     const int stage = b % kStages;
-    if (q % kPasses == 0 && b >= kStages) mbar_wait(sm.empty(stage), ((b / kStages) - 1) & 1);
-    store_fp8(sm, stage, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken, cur);
-    if (q % kPasses == kPasses - 1) {
+    if (q % kMyPasses == 0 && b >= kStages) {
+      // Every CTA's consumers are done with block b - 2 (each arrives on every peer's empty barrier).
+      mbar_wait(sm.empty(stage), ((b / kStages) - 1) & 1);
+    }
+    store_fp8<kPeers>(sm, stage, token_of(q), cur, peer_delta, sm.full(stage) + peer_delta);
+    if (q % kMyPasses == kMyPasses - 1) {
       fence_proxy_async();  // st.shared (generic proxy) is read by wgmma (async proxy)
-      mbar_arrive(sm.full(stage));
+      // One thread's arrival also expects the bytes the peer's st.async deliver into this stage (the
+      // tx-count may dip below zero first; the phase cannot complete before every local arrival).
+      if (kPeers > 1 && threadIdx.x == 0) {
+        mbar_arrive_expect_tx(sm.full(stage), kPeerBytes<kPeers>);
+      } else {
+        mbar_arrive(sm.full(stage));
+      }
     }
     cur = next;
   }
@@ -383,9 +437,10 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 constexpr int kSRegs = kTokensPerConsumer / 2;  // 16
 constexpr int kORegs = kColsPerConsumer / 2;    // 128
 
-// kF16: the operands in shared memory (Q, K/V, P) are fp16 (the FP8 path), else bf16.
-template <bool kF16>
-__device__ void consume(const Params& p, const Smem& sm, const Work& w, int c) {
+// kF16: the operands in shared memory (Q, K/V, P) are fp16 (the FP8 path), else bf16. kPeers > 1:
+// the ring is also filled by the peer's producer, so each stage is released to both CTAs.
+template <bool kF16, int kPeers>
+__device__ void consume(const Params& p, const Smem& sm, const Work& w, int c, uint32_t peer_delta) {
   const int tid = threadIdx.x - kWarpgroupThreads * (1 + c);  // 0..127 within the warpgroup
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -505,7 +560,17 @@ __device__ void consume(const Params& p, const Smem& sm, const Work& w, int c) {
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < kORegs; ++i) fence_operand(o[i]);
-    mbar_arrive(sm.empty(stage));  // this consumer is done with the stage (its K, V and idx)
+    // This consumer is done with the stage (its K, V and idx), for every CTA's producer that writes
+    // it: in a cluster, one arrival per warp (after the warp's wgmma wait) on both empty barriers.
+    if constexpr (kPeers > 1) {
+      __syncwarp();
+      if (lane == 0) {
+        mbar_arrive(sm.empty(stage));
+        mbar_arrive_cluster(sm.empty(stage) + peer_delta);
+      }
+    } else {
+      mbar_arrive(sm.empty(stage));
+    }
   }
 
   // Row sums: the quad's 4 threads, then the two consumers (same order in both: same result).
@@ -559,9 +624,10 @@ __device__ void consume(const Params& p, const Smem& sm, const Work& w, int c) {
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // Grid (head group, split, token); the head groups of one (token, split) are adjacent so that
-// their identical gathers hit L2.
-template <bool kFp8>
+// their identical gathers hit L2, and form the cluster when kPeers = 2 (cluster dims (kPeers, 1, 1)).
+template <bool kFp8, int kPeers>
 __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_constant__ Params p) {
+  static_assert(kPeers == 1 || (kPeers == 2 && kFp8), "only the FP8 producer shares its gather, with one peer");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -577,10 +643,15 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
-      mbar_init(sm.full(s), kWarpgroupThreads);  // every producer thread arrives
-      mbar_init(sm.empty(s), kConsumerThreads);  // every consumer thread arrives
+      mbar_init(sm.full(s), kWarpgroupThreads);  // every local producer thread arrives (the peer: bytes)
+      // Every consumer thread; in a cluster, every consumer warp of every CTA.
+      mbar_init(sm.empty(s), kPeers > 1 ? kConsumerThreads / 32 * kPeers : kConsumerThreads);
     }
+    if constexpr (kPeers > 1) fence_mbarrier_init_cluster();
   }
+  // The peer's ring, at the same offsets of its (identically laid out) shared memory.
+  const int rank = kPeers > 1 ? static_cast<int>(cluster_ctarank()) : 0;
+  const uint32_t peer_delta = kPeers > 1 ? mapa_shared(sm.base, rank ^ 1) - sm.base : 0;
   // Q [64 heads x 576] -> resident swizzled tile, by every thread: 64 rows x 72 pieces; bf16 as it
   // is (cp.async), converted to fp16 for the FP8 path (all loads issued before the first store).
   constexpr int kQPieces = kHeadsPerCta * kChunks * kPiecesPerRow;
@@ -613,21 +684,28 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
     cp_async_wait_all();
   }
   fence_proxy_async();  // Q (generic-proxy writes) is read by wgmma
-  __syncthreads();  // Q and the initialized barriers are visible to every warpgroup
+  // Q and the initialized barriers are visible to every warpgroup (and every peer's).
+  if constexpr (kPeers > 1) {
+    cluster_sync();
+  } else {
+    __syncthreads();
+  }
 
   // Roles: each is one branch of a single if/else, as setmaxnreg requires.
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (warpgroup == 0) {
     setmaxnreg_dec<Regs<kFp8>::kProducer>();
     if constexpr (kFp8) {
-      produce_fp8(p, sm, w);
+      produce_fp8<kPeers>(p, sm, w, rank, peer_delta);
     } else {
       produce_bf16(p, sm, w);
     }
   } else {
     setmaxnreg_inc<Regs<kFp8>::kConsumer>();
-    consume<kFp8>(p, sm, w, warpgroup - 1);
+    consume<kFp8, kPeers>(p, sm, w, warpgroup - 1, peer_delta);
   }
+  // A CTA's shared memory must outlive the peer's last store and arrivals into it.
+  if constexpr (kPeers > 1) cluster_sync();
 #else
   // Built for another arch: the launcher refuses before launching; reaching here is a bug.
   __trap();
@@ -644,13 +722,14 @@ enum ErrorCode : int {
 };
 
 constexpr int kMaxDevices = 64;
-bool g_configured[kMaxDevices][2] = {};
+template <bool kFp8, int kPeers>
+bool g_configured[kMaxDevices] = {};
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 // A row stride (in bf16 elements) that keeps every row 16-byte aligned.
 bool row_aligned(long long stride) { return stride % 8 == 0; }
 
-template <bool kFp8>
+template <bool kFp8, int kPeers>
 int launch(const Params& p, int num_tokens, cudaStream_t stream) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
@@ -661,14 +740,25 @@ int launch(const Params& p, int num_tokens, cudaStream_t stream) {
   if (err != cudaSuccess) return err;
   if (major != 9 || minor != 0) return kUnsupportedArch;  // the wgmma body is compiled for sm_90a only
   if (device >= kMaxDevices) return kBadShape;
-  if (!g_configured[device][kFp8]) {
-    err = cudaFuncSetAttribute(hopper_mla_kernel<kFp8>, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
+  if (!g_configured<kFp8, kPeers>[device]) {
+    err = cudaFuncSetAttribute(hopper_mla_kernel<kFp8, kPeers>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               kSmemBytes);
     if (err != cudaSuccess) return err;
-    g_configured[device][kFp8] = true;
+    g_configured<kFp8, kPeers>[device] = true;
   }
-  const dim3 grid(p.heads / kHeadsPerCta, p.num_splits, num_tokens);
-  hopper_mla_kernel<kFp8><<<grid, kThreads, kSmemBytes, stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = kPeers;  // the head groups of one (token, split); grid x = heads / 64
+  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(p.heads / kHeadsPerCta, p.num_splits, num_tokens);
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kSmemBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, hopper_mla_kernel<kFp8, kPeers>, p);
 }
 
 }  // namespace
@@ -714,7 +804,9 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                  kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, sm_scale_log2, lse_scale,
                  static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse, lse_stride_t, lse_stride_h,
                  part_acc, part_m, part_l};
-  return fp8kv ? launch<true>(p, num_tokens, stream) : launch<false>(p, num_tokens, stream);
+  if (!fp8kv) return launch<false, 1>(p, num_tokens, stream);
+  static_assert(kClusterHeads == 2 * kHeadsPerCta, "the cluster is the two head groups of 128 heads");
+  return heads == kClusterHeads ? launch<true, 2>(p, num_tokens, stream) : launch<true, 1>(p, num_tokens, stream);
 }
 
 const char* dsa_hopper_mla_error_string(int code) {

@@ -1,6 +1,7 @@
 // PTX wrappers of the Hopper (sm_90a) primitives hopper_mla.cu uses: wgmma, mbarrier, cp.async,
-// proxy fences, named barriers, register reallocation. Every wrapper is asm volatile with a
-// "memory" clobber so the compiler keeps them in program order relative to shared-memory code.
+// clusters and distributed shared memory, proxy fences, named barriers, register reallocation.
+// Every wrapper is asm volatile with a "memory" clobber so the compiler keeps them in program
+// order relative to shared-memory code.
 // Only the sm_90a pass of hopper_mla.cu includes the bodies that use them (see HOPPER_MLA_BODY).
 #pragma once
 
@@ -129,6 +130,53 @@ __device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
         : "r"(bar), "r"(parity)
         : "memory");
   }
+}
+
+// ---- thread-block clusters (distributed shared memory) ---------------------------------------------
+// A shared::cta address is also a valid shared::cluster address of this CTA's own memory; mapa
+// gives the same offset in a peer CTA's memory (the cluster window is linear per CTA).
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t rank;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;\n" : "=r"(rank));
+  return rank;
+}
+__device__ __forceinline__ uint32_t mapa_shared(uint32_t addr, uint32_t rank) {
+  uint32_t out;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(out) : "r"(addr), "r"(rank));
+  return out;
+}
+// Every thread of every CTA of the cluster; release/acquire at cluster scope (also a CTA barrier).
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
+}
+// Makes this thread's mbarrier.init visible to the cluster's other CTAs (before cluster_sync).
+__device__ __forceinline__ void fence_mbarrier_init_cluster() {
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+}
+// Arrive on an mbarrier of this CTA or a peer (shared::cluster address), release at CTA scope as
+// mbar_arrive: used only to release a stage the peer's producer overwrites next, after this thread's
+// reads of it have completed (wgmma waited on, shared loads returned). A .release.cluster arrival
+// would cost a MEMBAR.ALL.GPU that waits for every memory operation in flight (ncu, session 5).
+__device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
+}
+// Asynchronous store into a peer CTA's shared memory that completes its byte count on the peer's
+// mbarrier (complete_tx): the peer's waiter sees the data once the barrier's phase completes, with
+// no fence or arrival by the writer (which keeps its own loads in flight).
+__device__ __forceinline__ void st_async_v4(uint32_t cluster_addr, uint4 v, uint32_t cluster_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
+                   cluster_addr),
+               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(cluster_bar)
+               : "memory");
+}
+__device__ __forceinline__ void st_async_b32(uint32_t cluster_addr, uint32_t v, uint32_t cluster_bar) {
+  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(cluster_addr),
+               "r"(v), "r"(cluster_bar)
+               : "memory");
+}
+// Arrive (as mbar_arrive) and expect `bytes` more of complete_tx before the phase can complete.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
 
 // ---- copies and fences ----------------------------------------------------------------------------

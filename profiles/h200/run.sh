@@ -9,12 +9,14 @@
 #   bash profiles/h200/run.sh hopper-ab OUTDIR # the Hopper kernel against a variant build (.carry/hopper_b)
 #   bash profiles/h200/run.sh indexer-topk OUTDIR  # after the top-k work: indexer contest bench, verify, e2e
 #   bash profiles/h200/run.sh hopper-quick OUTDIR  # a Hopper kernel change: whole GPU suite, sanitizers, bench
+#   bash profiles/h200/run.sh hopper-dev OUTDIR    # a Hopper kernel change under way: its tests, sanitizers,
+#     bench against the previous build (.carry/hopper_b, here the old code rather than a variant)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODE=${1:?usage: run.sh check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick OUTDIR}
+MODE=${1:?usage: run.sh check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
 LOGS=$(mktemp -d)
@@ -89,6 +91,10 @@ elif [ "$MODE" = hopper-quick ]; then
   step pytest-gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests
   sanitize_hopper hopper-quick
   step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention"
+elif [ "$MODE" = hopper-dev ]; then
+  step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
+  sanitize_hopper hopper-dev
+  step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention" --ab .carry/hopper_b/libhopper_mla.so
 elif [ "$MODE" = indexer-topk ]; then
   # The whole indexer and top-k on every suite with the session-4 top-k, the contest bench against
   # both baselines, and score + top-k end to end against the previous top-k (.carry/topk/libtopk_base.so).
