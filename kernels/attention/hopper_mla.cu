@@ -40,9 +40,9 @@
 //     128 fp32 registers a thread.
 //   - FP8 at 128 heads, both head groups need the same dequantized rows, and the producer's CUDA-core
 //     dequantization bounds the FP8 path (ncu: the consumers wait on it, session 4). So each CTA of
-//     the cluster loads and dequantizes half of every block's tokens and stores them into its own
-//     ring (st.shared) and the peer's (st.async, which completes its bytes on the peer's full
-//     barrier: no fence or remote arrival that would wait for the producer's loads in flight). A
+//     the cluster loads and dequantizes half of every block's tokens into its own ring, and the
+//     bulk-copy engine copies that half into the peer's ring, completing its bytes on the peer's
+//     full barrier (no fence or remote arrival that would wait for the producer's loads). A
 //     stage is refilled only when both CTAs' consumers have released it (one arrival per consumer
 //     warp on both empty barriers). bf16 keeps one gather per CTA: cp.async cannot write a peer's
 //     memory, and that path is consumer-bound anyway.
@@ -193,6 +193,7 @@ constexpr int kPiecesPerRow = kSwizzleBytes / 16;  // 16-byte pieces of a swizzl
 // Named barriers of the two consumer warpgroups (0 is __syncthreads').
 constexpr uint32_t kBarMaxReady = 1;  // both row maxima of a block written
 constexpr uint32_t kBarPReady = 2;    // both halves of P written
+constexpr uint32_t kBarShareReady = 3;  // FP8 in a cluster: the producer's share of a block written
 
 struct Smem {
   uint32_t base;  // shared-window address of the 1024-aligned layout
@@ -276,9 +277,10 @@ __device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
 
 // ---- producer: FP8 --------------------------------------------------------------------------------
 // kPeers CTAs (1, or a 2-CTA cluster at 128 heads) share each block's gather: CTA `rank` takes
-// passes rank * kPasses / kPeers .. +kPasses / kPeers - 1 of every block and writes them into the
-// peer's ring too, at the same offsets (peer address = local address + peer_delta), completing
-// kPeerBytes on the peer's full barrier, which its own producer expects.
+// passes rank * kPasses / kPeers .. +kPasses / kPeers - 1 of every block, writes them into its ring,
+// and one thread bulk-copies that share to the same offsets of the peer's ring (peer address = local
+// address + peer_delta), completing kPeerBytes on the peer's full barrier, which its own producer
+// expects. (Per-thread st.async to the peer throttled the producer on its store queue: session 5.)
 // One token slice per lane: its 16-byte piece of each of the 4 scale groups (16 e4m3 values), the
 // 4 scales, and its 16-byte piece of the rope values. Software pipeline over passes (across blocks
 // too): the next pass's slice and the index after it are loaded before this pass is converted, so
@@ -337,19 +339,18 @@ __device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v) {
   return make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z), bf16x2_to_f16x2(v.w));
 }
 
+// A CTA's share of a block in a cluster: rows [rank * kShareTokens, +kShareTokens) of every chunk
+// (one contiguous run of 128-byte rows: the swizzle depends only on the row) and of the idx array.
 template <int kPeers>
-constexpr uint32_t kPeerBytes = (kBlockTokens - kBlockTokens / kPeers) * (kQkDim * 2 + 4);  // rows + idx
+constexpr int kShareTokens = kBlockTokens / kPeers;
+template <int kPeers>
+constexpr uint32_t kShareChunkBytes = kShareTokens<kPeers> * kSwizzleBytes;
+template <int kPeers>
+constexpr uint32_t kShareIdxBytes = kShareTokens<kPeers> * 4;
+template <int kPeers>
+constexpr uint32_t kPeerBytes = (kPeers - 1) * (kChunks * kShareChunkBytes<kPeers> + kShareIdxBytes<kPeers>);
 
-template <int kPeers>
-__device__ __forceinline__ void put_v4(uint32_t addr, uint32_t peer_delta, uint32_t peer_full, uint4 v) {
-  st_shared_v4(addr, v);
-  if constexpr (kPeers > 1) st_async_v4(addr + peer_delta, v, peer_full);
-}
-
-// peer_full: the peer's full[stage] (shared::cluster address), unused when kPeers == 1.
-template <int kPeers>
-__device__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& s, uint32_t peer_delta,
-                          uint32_t peer_full) {
+__device__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& s) {
   const int piece = threadIdx.x % kLanesPerToken;
   const float scales[kNumScales] = {s.scale.x, s.scale.y, s.scale.z, s.scale.w};
   // Group g's 16 values of this lane are dims g*128 + piece*16 .. +15: chunk 2g + piece/4, pieces
@@ -364,18 +365,26 @@ __device__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& 
     const uint4 lo = dequant8(v.x, v.y, scales[g]);  // values 0..7: piece 2 (piece % 4)
     const uint4 hi = dequant8(v.z, v.w, scales[g]);  // values 8..15: the next piece
     const int piece0 = 2 * (piece % 4);
-    put_v4<kPeers>(chunk_base + swizzled(token, piece0 + first), peer_delta, peer_full, first ? hi : lo);
-    put_v4<kPeers>(chunk_base + swizzled(token, piece0 + 1 - first), peer_delta, peer_full, first ? lo : hi);
+    st_shared_v4(chunk_base + swizzled(token, piece0 + first), first ? hi : lo);
+    st_shared_v4(chunk_base + swizzled(token, piece0 + 1 - first), first ? lo : hi);
   }
-  put_v4<kPeers>(sm.k(stage) + kCkvChunks * kChunkBytes + swizzled(token, piece), peer_delta, peer_full,
-                 bf16x8_to_f16x8(s.kpe));
-  if (piece == 0) {
-    const int idx = s.idx >= 0 ? s.idx : -1;
-    sm.idx(stage)[token] = idx;
-    if constexpr (kPeers > 1) {
-      st_async_b32(sm.idx_addr(stage, token) + peer_delta, static_cast<uint32_t>(idx), peer_full);
-    }
+  st_shared_v4(sm.k(stage) + kCkvChunks * kChunkBytes + swizzled(token, piece), bf16x8_to_f16x8(s.kpe));
+  if (piece == 0) sm.idx(stage)[token] = s.idx >= 0 ? s.idx : -1;
+}
+
+// This CTA's share of block `stage` -> the same offsets of the peer's ring, by the bulk-copy engine
+// (one thread), completing kPeerBytes on the peer's full[stage].
+template <int kPeers>
+__device__ __forceinline__ void send_share(const Smem& sm, int stage, int rank, uint32_t peer_delta) {
+  const uint32_t rows = sm.k(stage) + rank * kShareChunkBytes<kPeers>;
+  const uint32_t peer_full = sm.full(stage) + peer_delta;
+#pragma unroll
+  for (int chunk = 0; chunk < kChunks; ++chunk) {
+    const uint32_t src = rows + chunk * kChunkBytes;
+    bulk_copy_to_peer(src + peer_delta, src, kShareChunkBytes<kPeers>, peer_full);
   }
+  const uint32_t idx = sm.idx_addr(stage, rank * kShareTokens<kPeers>);
+  bulk_copy_to_peer(idx + peer_delta, idx, kShareIdxBytes<kPeers>, peer_full);
 }
 
 template <int kPeers>
@@ -383,6 +392,9 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
   constexpr int kMyPasses = kPasses / kPeers;
   static_assert(kPasses % kPeers == 0, "the peers split every block's passes evenly");
   static_assert(kPeerBytes<kPeers> < (1u << 20), "an mbarrier's tx-count holds under 2^20 bytes");
+  static_assert(kShareChunkBytes<kPeers> % 16 == 0 && kShareIdxBytes<kPeers> % 16 == 0 && kIdxOffset % 16 == 0,
+                "bulk copies move 16-byte multiples between 16-byte aligned addresses");
+  static_assert(kMyPasses * kTokensPerPass == kShareTokens<kPeers>, "a CTA's passes cover exactly its share");
   // This lane's token in block-relative terms for this CTA's pass q (kMyPasses per block).
   const auto token_of = [rank](int q) {
     return (rank * kMyPasses + q % kMyPasses) * kTokensPerPass + static_cast<int>(threadIdx.x) / kLanesPerToken;
@@ -403,13 +415,21 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
       // Every CTA's consumers are done with block b - 2 (each arrives on every peer's empty barrier).
       mbar_wait(sm.empty(stage), ((b / kStages) - 1) & 1);
     }
-    store_fp8<kPeers>(sm, stage, token_of(q), cur, peer_delta, sm.full(stage) + peer_delta);
+    store_fp8(sm, stage, token_of(q), cur);
     if (q % kMyPasses == kMyPasses - 1) {
-      fence_proxy_async();  // st.shared (generic proxy) is read by wgmma (async proxy)
-      // One thread's arrival also expects the bytes the peer's st.async deliver into this stage (the
-      // tx-count may dip below zero first; the phase cannot complete before every local arrival).
-      if (kPeers > 1 && threadIdx.x == 0) {
-        mbar_arrive_expect_tx(sm.full(stage), kPeerBytes<kPeers>);
+      // st.shared (generic proxy) is read by wgmma and the bulk copy (async proxy).
+      fence_proxy_async();
+      if constexpr (kPeers > 1) {
+        named_barrier_sync(kBarShareReady, kWarpgroupThreads);  // the whole share is written
+        // One thread sends the share and its arrival also expects the bytes the peer's copy
+        // delivers here (the tx-count may dip below zero first; the phase cannot complete before
+        // every local arrival).
+        if (threadIdx.x == 0) {
+          send_share<kPeers>(sm, stage, rank, peer_delta);
+          mbar_arrive_expect_tx(sm.full(stage), kPeerBytes<kPeers>);
+        } else {
+          mbar_arrive(sm.full(stage));
+        }
       } else {
         mbar_arrive(sm.full(stage));
       }

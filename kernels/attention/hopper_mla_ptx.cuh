@@ -160,18 +160,14 @@ __device__ __forceinline__ void fence_mbarrier_init_cluster() {
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
 }
-// Asynchronous store into a peer CTA's shared memory that completes its byte count on the peer's
-// mbarrier (complete_tx): the peer's waiter sees the data once the barrier's phase completes, with
-// no fence or arrival by the writer (which keeps its own loads in flight).
-__device__ __forceinline__ void st_async_v4(uint32_t cluster_addr, uint4 v, uint32_t cluster_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.b32 [%0], {%1, %2, %3, %4}, [%5];\n" ::"r"(
-                   cluster_addr),
-               "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w), "r"(cluster_bar)
-               : "memory");
-}
-__device__ __forceinline__ void st_async_b32(uint32_t cluster_addr, uint32_t v, uint32_t cluster_bar) {
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];\n" ::"r"(cluster_addr),
-               "r"(v), "r"(cluster_bar)
+// Bulk copy (the TMA engine) of `bytes` (a multiple of 16, 16-byte aligned) from this CTA's shared
+// memory to a peer's, completing the bytes on the peer's mbarrier (complete_tx): the peer's waiter
+// sees the data once that barrier's phase completes. The source is read through the async proxy.
+__device__ __forceinline__ void bulk_copy_to_peer(uint32_t cluster_dst, uint32_t src, uint32_t bytes,
+                                                  uint32_t cluster_bar) {
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   cluster_dst),
+               "r"(src), "r"(bytes), "r"(cluster_bar)
                : "memory");
 }
 // Arrive (as mbar_arrive) and expect `bytes` more of complete_tx before the phase can complete.
