@@ -88,6 +88,10 @@ constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);  // 384
 constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
 constexpr int kStages = 2;  // all that fits beside the resident Q (static_assert below)
 constexpr int kClusterHeads = 128;  // FP8 at this many heads: the two head groups share the gather
+// ... when a CTA has at least this many blocks: with one, the cluster's barriers and launch cost more
+// than the halved dequantization saves (H200, h128 T=1 FP8, 32 splits: 17.7-17.8 us clustered
+// against 16.9-17.0 alone; T=8, 8 splits of 4 blocks: 39.2 against 41.2).
+constexpr int kClusterMinBlocks = 2;
 constexpr int kMmaK = 16;   // wgmma K for bf16
 
 // FP8 token layout (dsactl/fp8.py).
@@ -826,7 +830,9 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                  part_acc, part_m, part_l};
   if (!fp8kv) return launch<false, 1>(p, num_tokens, stream);
   static_assert(kClusterHeads == 2 * kHeadsPerCta, "the cluster is the two head groups of 128 heads");
-  return heads == kClusterHeads ? launch<true, 2>(p, num_tokens, stream) : launch<true, 1>(p, num_tokens, stream);
+  const int split0_tokens = (topk + num_splits - 1) / num_splits;  // the most any split takes
+  const bool cluster = heads == kClusterHeads && split0_tokens > kBlockTokens * (kClusterMinBlocks - 1);
+  return cluster ? launch<true, 2>(p, num_tokens, stream) : launch<true, 1>(p, num_tokens, stream);
 }
 
 const char* dsa_hopper_mla_error_string(int code) {
