@@ -22,6 +22,14 @@ __device__ __forceinline__ uint64_t make_desc(uint32_t smem_addr, uint32_t leadi
          (kSwizzle128B << 62);
 }
 
+// The descriptor of the operand `byte_offset` bytes further on: the start-address field is the low
+// 14 bits and every operand ends inside the 256 KB window, so the add never carries out of it.
+// Built once from a base descriptor, it costs one add per wgmma instead of make_desc's masks and
+// shifts on a runtime address.
+__device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t byte_offset) {
+  return desc + (byte_offset >> 4);
+}
+
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
   return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
