@@ -6,11 +6,13 @@
 #   bash profiles/h200/run.sh perf  OUTDIR   # benches (contest + scale), ncu profiles (contest + largest scale)
 #   bash profiles/h200/run.sh followup OUTDIR  # after the indexer config change: its tests, old vs new, sanitizer
 #   bash profiles/h200/run.sh hopper OUTDIR    # the Hopper attention kernel: GPU tests, bench vs Triton, sanitizers, ncu
-#   bash profiles/h200/run.sh hopper-ab OUTDIR # the Hopper kernel against a variant build (.carry/hopper_b)
+#   bash profiles/h200/run.sh hopper-ab OUTDIR # the Hopper kernel against a variant build (.carry/hopper_b),
+#     then the variant's tests and sanitizers
 #   bash profiles/h200/run.sh indexer-topk OUTDIR  # after the top-k work: indexer contest bench, verify, e2e
 #   bash profiles/h200/run.sh hopper-quick OUTDIR  # a Hopper kernel change: whole GPU suite, sanitizers, bench
 #   bash profiles/h200/run.sh hopper-dev OUTDIR    # a Hopper kernel change under way: its tests, sanitizers,
 #     bench against the previous build (.carry/hopper_b, here the old code rather than a variant)
+#   (builds are compared by attention/bench_builds.sh, one process per build)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
@@ -68,9 +70,7 @@ if [ "$MODE" = check ]; then
 elif [ "$MODE" = hopper ]; then
   # The Hopper kernel's own tests first and alone: a hang (the FP8 register split once did) costs only them.
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
-  # --ab: a variant build under test (.carry/hopper_b, see profiles/h200/attention/README.md), same process.
-  AB=(); [ -f .carry/hopper_b/libhopper_mla.so ] && AB=(--ab .carry/hopper_b/libhopper_mla.so)
-  step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention" "${AB[@]}"
+  step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention"
   step pytest-gpu 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests --ignore=tests/test_attention_hopper.py
   sanitize_hopper hopper
   step ncu-hopper 45 bash $P/attention/ncu_hopper.sh "$P/attention"
@@ -81,7 +81,8 @@ elif [ "$MODE" = hopper-ab ]; then
   # The shipped Hopper kernel against a variant build (.carry/hopper_b/libhopper_mla.so, made from a
   # patch saved beside it), then the GPU tests on the variant (its .so put in place of the build's).
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
-  step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention" --ab .carry/hopper_b/libhopper_mla.so
+  step bench-builds 200 bash $P/attention/bench_builds.sh "$P/attention/builds-ab" \
+    shipped=build/sm90a/libhopper_mla.so variant=.carry/hopper_b/libhopper_mla.so shipped2=build/sm90a/libhopper_mla.so
   cp .carry/hopper_b/libhopper_mla.so build/sm90a/libhopper_mla.so
   step pytest-hopper-variant 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper variant
@@ -94,7 +95,8 @@ elif [ "$MODE" = hopper-quick ]; then
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev
-  step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention" --ab .carry/hopper_b/libhopper_mla.so
+  step bench-builds 200 bash $P/attention/bench_builds.sh "$P/attention/builds-dev" \
+    new=build/sm90a/libhopper_mla.so previous=.carry/hopper_b/libhopper_mla.so new2=build/sm90a/libhopper_mla.so
 elif [ "$MODE" = indexer-topk ]; then
   # The whole indexer and top-k on every suite with the session-4 top-k, the contest bench against
   # both baselines, and score + top-k end to end against the previous top-k (.carry/topk/libtopk_base.so).

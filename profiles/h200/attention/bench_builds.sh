@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Several builds of the Hopper kernel library, each timed by bench_hopper.py in its own process (the
-# --ab mode loads two libraries into one process, which fails with "invalid argument" once both
-# launch through cudaLaunchKernelEx) and each run through the kernel's GPU tests. Builds run in the
-# order given; repeat one (e.g. the baseline first and last) to see the run-to-run spread.
+# Several builds of the Hopper kernel library, each timed by bench_hopper.py in its own process (two
+# builds loaded into one process fail with "invalid argument" once both launch through
+# cudaLaunchKernelEx, as every build since the FP8 cluster does) and each run through the kernel's
+# GPU tests. Builds run in the order given; repeat one (e.g. the baseline first and last) to see the
+# run-to-run spread. NAME=build/sm90a/libhopper_mla.so names the build carried in place.
 #   bash profiles/h200/attention/bench_builds.sh OUTDIR NAME=LIB.so [NAME=LIB.so ...]
 # Writes OUTDIR/NAME/hopper_vs_triton.csv (+ log) per build and OUTDIR/builds.csv (hopper_us per
 # shape and build), and prints the FP8 rows last. Restores build/sm90a/libhopper_mla.so at the end.
@@ -20,7 +21,7 @@ names=()
 for spec in "$@"; do
   name=${spec%%=*}; lib=${spec#*=}; names+=("$name")
   mkdir -p "$OUT/$name"
-  cp "$lib" "$LIB"
+  if [ "$lib" -ef "$LIB" ]; then cp /tmp/libhopper_mla.shipped.so "$LIB"; else cp "$lib" "$LIB"; fi
   python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py > "$OUT/$name/pytest.txt" 2>&1
   echo "$name: $(tail -1 "$OUT/$name/pytest.txt")"
   python3 $P/bench_hopper.py "$OUT/$name" > "$OUT/$name/log.txt" 2>&1 || tail -3 "$OUT/$name/log.txt"

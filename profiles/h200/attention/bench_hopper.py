@@ -7,9 +7,10 @@ Both launchers run in this one process on the same inputs (topk 2048, full rows,
 the combine launch counts; cold L2 before every call; median of ITERS). Shapes: the issue-7
 decode shapes, 64 and 128 heads, bf16 and FP8 KV. FlashMLA's figures are the ones issue 7
 quotes for this same H200 (FlashMLA 9241ae3, FP8 KV, CUDA events, cold L2); they are not
-re-measured here. --ab LIB.so also times a second build of the kernel library (a variant under
-test) on every shape, in the same process. --sweep also times the Hopper kernel at every split count in SWEEP_SPLITS for
-the small-token shapes (the data behind its split formula).
+re-measured here. To compare builds of the kernel library, bench_builds.sh runs this script once
+per build (two builds in one process fail to launch: see that script). --sweep also times the
+Hopper kernel at every split count in SWEEP_SPLITS for the small-token shapes (the data behind its
+split formula).
 
 Writes OUTDIR/hopper_vs_triton.csv (+ split_sweep_hopper.csv with --sweep) and
 OUTDIR/hopper_vs_triton.png, and prints the table last.
@@ -17,7 +18,6 @@ OUTDIR/hopper_vs_triton.png, and prints the table last.
 
 from __future__ import annotations
 
-import ctypes
 import statistics
 import sys
 from pathlib import Path
@@ -61,18 +61,6 @@ def caller(launcher, inputs: dict, outputs: dict, fp8: bool, **kwargs):
     return call
 
 
-def with_library(lib: ctypes.CDLL, fn):
-    """fn run against another build of libhopper_mla.so (the launcher looks its library up per call)."""
-    def call():
-        saved = hopper_mla._library
-        hopper_mla._library = lambda: lib
-        try:
-            fn()
-        finally:
-            hopper_mla._library = saved
-    return call
-
-
 def plot(path: Path, rows: list[dict]) -> None:
     import matplotlib
 
@@ -101,7 +89,7 @@ def plot(path: Path, rows: list[dict]) -> None:
     fig.savefig(path, dpi=120)
 
 
-def main(out: str, sweep: bool, ab: str | None) -> None:
+def main(out: str, sweep: bool) -> None:
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     method = pick_method()
@@ -112,7 +100,6 @@ def main(out: str, sweep: bool, ab: str | None) -> None:
     def time_us(fn) -> float:
         return statistics.median(measure(fn, method, ITERS, WARMUP, flusher)[1])
 
-    other = hopper_mla.bind(ctypes.CDLL(ab)) if ab else None
     rows, sweep_rows = [], []
     for fp8 in (False, True):
         for heads, tokens in SHAPES:
@@ -122,8 +109,6 @@ def main(out: str, sweep: bool, ab: str | None) -> None:
             outputs = d.allocate_outputs(d.check_inputs(inputs), "cuda")
             hopper_us = time_us(caller(hopper_mla.sparse_mla_attention, inputs, outputs, fp8))
             triton_us = time_us(caller(tsm.sparse_mla_attention, inputs, outputs, fp8))
-            ab_us = time_us(with_library(other, caller(hopper_mla.sparse_mla_attention, inputs, outputs, fp8))) \
-                if other else None
             flops = FLOPS_PER_TOKEN_HEAD * heads * tokens
             flashmla = FLASHMLA_FP8_US.get((heads, tokens)) if fp8 else None
             row = {"heads": heads, "tokens": tokens, "kv": "fp8" if fp8 else "bf16",
@@ -131,8 +116,7 @@ def main(out: str, sweep: bool, ab: str | None) -> None:
                    "hopper_us": round(hopper_us, 2), "triton_us": round(triton_us, 2),
                    "speedup_vs_triton": round(triton_us / hopper_us, 3),
                    "hopper_tflops": round(flops / hopper_us / 1e6, 1), "triton_tflops": round(flops / triton_us / 1e6, 1),
-                   "flashmla_us_issue7": flashmla if flashmla else "",
-                   **({"ab_us": round(ab_us, 2)} if other else {})}
+                   "flashmla_us_issue7": flashmla if flashmla else ""}
             rows.append(row)
             print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)
             write_csv(out_dir / "hopper_vs_triton.csv", rows)
@@ -156,11 +140,10 @@ def main(out: str, sweep: bool, ab: str | None) -> None:
     for r in rows:
         print(f"{r['heads']:5d} {r['tokens']:6d} {r['kv']:4s} {r['hopper_splits']:3d} {r['hopper_us']:10.2f} "
               f"{r['triton_us']:9.2f} {r['speedup_vs_triton']:7.2f}x {r['hopper_tflops']:13.1f}  "
-              f"{r['flashmla_us_issue7']}" + (f"  ab {r['ab_us']}" if other else ""))
+              f"{r['flashmla_us_issue7']}")
 
 
 if __name__ == "__main__":
     argv = sys.argv[1:]
-    ab_path = argv[argv.index("--ab") + 1] if "--ab" in argv else None
-    args = [a for a in argv if not a.startswith("--") and a != ab_path]
-    main(args[0] if args else "profiles/h200/attention", "--sweep" in argv, ab_path)
+    args = [a for a in argv if not a.startswith("--")]
+    main(args[0] if args else "profiles/h200/attention", "--sweep" in argv)
