@@ -41,11 +41,12 @@
 //   - FP8 at 128 heads, both head groups need the same dequantized rows, and the producer's CUDA-core
 //     dequantization bounds the FP8 path (ncu: the consumers wait on it, session 4). So each CTA of
 //     the cluster loads and dequantizes half of every block's tokens into its own ring, and the
-//     bulk-copy engine copies that half into the peer's ring, completing its bytes on the peer's
-//     full barrier (no fence or remote arrival that would wait for the producer's loads). A
-//     stage is refilled only when both CTAs' consumers have released it (one arrival per consumer
-//     warp on both empty barriers). bf16 keeps one gather per CTA: cp.async cannot write a peer's
-//     memory, and that path is consumer-bound anyway.
+//     bulk-copy engine copies them, pass by pass, into the peer's ring, completing their bytes on
+//     the peer's full barrier (no fence or remote arrival that would wait for the producer's
+//     loads). A stage is refilled only when both CTAs' consumers have released it (one arrival per
+//     consumer warp on both empty barriers). Only with 2+ blocks per CTA (kClusterMinBlocks). bf16
+//     keeps one gather per CTA: cp.async cannot write a peer's memory, and that path is
+//     consumer-bound anyway.
 //   - Split-KV (grid y) fills the SMs when tokens x head groups are few; fp32 partials are reduced
 //     by triton_sparse_mla's combine kernel.
 //
