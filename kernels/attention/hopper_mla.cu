@@ -763,13 +763,14 @@ int launch(const Params& p, int num_tokens, cudaStream_t stream) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
-  int major = 0, minor = 0;
-  err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-  if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-  if (err != cudaSuccess) return err;
-  if (major != 9 || minor != 0) return kUnsupportedArch;  // the wgmma body is compiled for sm_90a only
   if (device >= kMaxDevices) return kBadShape;
+  // Once per device and kernel: a device that passed the arch check keeps passing it.
   if (!g_configured<kFp8, kPeers>[device]) {
+    int major = 0, minor = 0;
+    err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    if (err != cudaSuccess) return err;
+    if (major != 9 || minor != 0) return kUnsupportedArch;  // the wgmma body is compiled for sm_90a only
     err = cudaFuncSetAttribute(hopper_mla_kernel<kFp8, kPeers>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                kSmemBytes);
     if (err != cudaSuccess) return err;
