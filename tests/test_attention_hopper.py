@@ -107,7 +107,7 @@ def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds
     sass = subprocess.run([str(cuobjdump.cuobjdump_path()), "-sass", str(arch_dir / "libhopper_mla.so")],
                           capture_output=True, text=True, check=True).stdout
     # bf16 KV: bf16 MMAs; FP8 KV: fp16 MMAs (SASS names no input type for fp16).
-    for instruction in ("HGMMA.64x32x16.F32.BF16 ", "HGMMA.64x256x16.F32.BF16 ", "HGMMA.64x32x16.F32 ",
+    for instruction in ("HGMMA.64x64x16.F32.BF16 ", "HGMMA.64x256x16.F32.BF16 ", "HGMMA.64x64x16.F32 ",
                         "HGMMA.64x256x16.F32 ", ".tnspB", "USETMAXREG.DEALLOC", "USETMAXREG.TRY_ALLOC",
                         "SYNCS.PHASECHK", "LDGSTS"):
         assert instruction in sass, instruction

@@ -23,17 +23,20 @@
 //   warpgroup 0, producer: gathers the 64 selected KV rows of each block by index into a 2-stage
 //     shared-memory ring (bf16: cp.async 16-byte chunks; FP8: 16-byte loads, dequantized with
 //     st.shared), signals full[stage]; waits empty[stage] before reusing a stage.
-//   warpgroups 1 and 2, consumers c = 0, 1: S_c = Q . K[32c .. 32c+31]^T (m64n32k16, Q resident),
-//     exchange row maxima (named barrier of the two consumers only), write P_c (bf16; fp16 on the
-//     FP8 path) to shared memory, barrier, then O[:, 256c .. 256c+255] += P[64 x 64] . V[64 x 256]
-//     (m64n256k16, V = the first 512 columns of the K tile read MN-major). Online softmax in the
-//     log2 domain; both consumers derive the same running max from the exchanged maxima, so the
-//     rescale factors need no further exchange; the row sums are added once at the end.
+//   warpgroup 1, consumer 0: S = Q . K^T over the block's 64 tokens (m64n64k16, Q resident), the
+//     online softmax in the log2 domain, P (bf16; fp16 on the FP8 path) and the rescale factors to
+//     shared memory for consumer 1, then O[:, 0 .. 255] += P . V[64 x 256] with P from registers
+//     (m64n256k16, V = the first 512 columns of the K tile read MN-major).
+//   warpgroup 2, consumer 1: rescales its O and adds P . V[:, 256 .. 511] (P from shared memory)
+//     while consumer 0 goes on to the next block's S; it normalizes with consumer 0's row sums.
 // Why this shape:
 //   - Hopper's TMA has no gather: the producer moves rows by index with cp.async (bf16) or plain
 //     loads it can dequantize on the way (FP8), and publishes them with an mbarrier.
 //   - The consumers split the work instead of duplicating it: each MMA runs once per CTA (Triton's
-//     8-warp tl.dot gave both warpgroups the whole Q.K^T: 1.53x the tensor work, issue 7).
+//     8-warp tl.dot gave both warpgroups the whole Q.K^T: 1.53x the tensor work, issue 7). One
+//     warpgroup owns S, so Q is read from shared memory once a block (twice when each consumer
+//     took half the tokens: shared-memory reads then ~300 KB a block) and whole rows need no
+//     exchange of maxima; consumer 1's PV overlaps consumer 0's next S.
 //   - Hand-offs are mbarriers (producer <-> consumers) and named barriers of the 256 consumer
 //     threads; no block-wide barrier after the prologue.
 //   - setmaxnreg moves registers from the producer to the consumers, whose O accumulator alone is
@@ -82,7 +85,6 @@ constexpr int kMaxTokens = 65535;          // tokens are the grid's z dimension
 constexpr int kHeadsPerCta = 64;           // wgmma M: one warpgroup's accumulator rows
 constexpr int kBlockTokens = 64;           // tokens per ring stage (a 64-token page of indices)
 constexpr int kConsumers = 2;
-constexpr int kTokensPerConsumer = kBlockTokens / kConsumers;  // S: wgmma N = 32 per consumer
 constexpr int kColsPerConsumer = kCkvDim / kConsumers;         // O: wgmma N = 256 per consumer
 constexpr int kWarpgroupThreads = 128;
 constexpr int kThreads = kWarpgroupThreads * (1 + kConsumers);  // 384
@@ -135,11 +137,9 @@ static_assert(kKOffset % kAtomAlign == 0 && kTileBytes % kAtomAlign == 0 && kPOf
 static_assert(kBarOffset % 8 == 0, "mbarriers are 8-byte aligned");
 static_assert(kHeadsPerCta == 64 && kWarpgroupThreads / 32 * 16 == kHeadsPerCta,
               "wgmma M = 64: each of a warpgroup's 4 warps holds 16 accumulator rows (one head each)");
-static_assert(kTokensPerConsumer % 8 == 0 && kTokensPerConsumer <= 256 && kColsPerConsumer <= 256,
-              "wgmma N is a multiple of 8 up to 256");
+static_assert(kBlockTokens % 8 == 0 && kBlockTokens <= 256 && kColsPerConsumer <= 256,
+              "wgmma N (S: a block's tokens; O: a consumer's columns) is a multiple of 8 up to 256");
 static_assert(kQkDim % kChunkElems == 0 && kCkvDim % kChunkElems == 0, "the dims tile into 64-wide chunks");
-static_assert(kTokensPerConsumer % 8 == 0 && kTokensPerConsumer * kSwizzleBytes % kAtomAlign == 0,
-              "a consumer's K rows start on a swizzle atom (its B descriptor starts 1024-byte aligned)");
 static_assert(kColsPerConsumer == 4 * kChunkElems, "a consumer's V columns are 4 whole chunks (LBO = one chunk)");
 static_assert(kBlockTokens % kMmaK == 0 && (kMmaK / 8) * kSwizzleAtomBytes == 2048,
               "a PV k-step of 16 tokens is two 8-row atoms: the V descriptor advances by 2048 bytes");
@@ -158,18 +158,21 @@ constexpr uint32_t kEntryRegs = kRegisterFile / kThreads / 8 * 8;  // __launch_b
 template <bool kFp8>
 struct Regs {
   static constexpr uint32_t kProducer = kFp8 ? 80 : 40;
-  static constexpr uint32_t kConsumer = kFp8 ? 208 : 232;
-  static_assert(kProducer <= kEntryRegs && kConsumer >= kEntryRegs, "setmaxnreg.dec lowers, .inc raises");
+  static constexpr uint32_t kSoftmax = kFp8 ? 232 : 240;  // consumer 0: O, S and P's A fragments
+  static constexpr uint32_t kPv = kFp8 ? 192 : 224;       // consumer 1: O
+  static_assert(kProducer <= kEntryRegs && kSoftmax >= kEntryRegs && kPv >= kEntryRegs,
+                "setmaxnreg.dec lowers, .inc raises");
 };
 // setmaxnreg.inc waits until the registers are free in the CTA's own allocation (kEntryRegs per
 // thread at launch), not the SM's whole file: a split that asks for more than the producer gave back
 // never completes (the consumers hang).
 template <bool kFp8>
-constexpr bool kSplitFits = Regs<kFp8>::kProducer * kWarpgroupThreads + Regs<kFp8>::kConsumer * kConsumerThreads <=
+constexpr bool kSplitFits = Regs<kFp8>::kProducer * kWarpgroupThreads +
+                                (Regs<kFp8>::kSoftmax + Regs<kFp8>::kPv) * (kConsumerThreads / kConsumers) <=
                             kEntryRegs * kThreads;
 static_assert(kSplitFits<false> && kSplitFits<true>, "the register split fits the CTA's launch allocation");
-static_assert(Regs<false>::kConsumer % 8 == 0 && Regs<true>::kConsumer % 8 == 0 && Regs<false>::kProducer % 8 == 0 &&
-                  Regs<true>::kProducer % 8 == 0,
+static_assert(Regs<false>::kSoftmax % 8 == 0 && Regs<true>::kSoftmax % 8 == 0 && Regs<false>::kPv % 8 == 0 &&
+                  Regs<true>::kPv % 8 == 0 && Regs<false>::kProducer % 8 == 0 && Regs<true>::kProducer % 8 == 0,
               "setmaxnreg counts are multiples of 8");
 
 struct Params {
@@ -199,10 +202,11 @@ struct Params {
 constexpr int kCkvChunks = kCkvDim / kChunkElems;  // 8
 constexpr int kPiecesPerRow = kSwizzleBytes / 16;  // 16-byte pieces of a swizzled row: 8
 
-// Named barriers of the two consumer warpgroups (0 is __syncthreads').
-constexpr uint32_t kBarMaxReady = 1;  // both row maxima of a block written
-constexpr uint32_t kBarPReady = 2;    // both halves of P written
-constexpr uint32_t kBarPassReady = 3;  // FP8 in a cluster: a producer pass written (before its copy)
+// Named barriers (0 is __syncthreads'): consumer 0 -> 1 and back, and the FP8 producer's own.
+constexpr uint32_t kBarPReady = 1;      // consumer 0 wrote a block's P and rescale factors
+constexpr uint32_t kBarPFree = 2;       // consumer 1 is done with them (its PV completed)
+constexpr uint32_t kBarPassReady = 3;   // FP8 in a cluster: a producer pass written (before its copy)
+constexpr uint32_t kBarStatsReady = 4;  // consumer 0 wrote the row sums
 
 struct Smem {
   uint32_t base;  // shared-window address of the 1024-aligned layout
@@ -459,94 +463,163 @@ __device__ __forceinline__ uint32_t pack2(float lo, float hi) {
 // ---- consumers ------------------------------------------------------------------------------------
 // wgmma accumulator layout (m64nN, fp32): thread (warp w, lane l) of the warpgroup holds rows
 // r0 = 16w + l/4 and r0 + 8, columns 8n + 2(l%4) + {0, 1} for n < N/8, in d[4n + 2i + j]
-// (i: row r0 + 8i, j: column +j).
-constexpr int kSRegs = kTokensPerConsumer / 2;  // 16
-constexpr int kORegs = kColsPerConsumer / 2;    // 128
+// (i: row r0 + 8i, j: column +j). The A fragment of a register-sourced wgmma k-step (m64k16) is
+// a0 = (r0, 2(l%4)), a1 = (r0 + 8, 2(l%4)), a2 = (r0, 8 + 2(l%4)), a3 = (r0 + 8, 8 + 2(l%4)), two
+// values a register: columns 16k .. 16k + 15 of the accumulator above, so P feeds the PV MMA from
+// the registers S was computed in.
+constexpr int kSRegs = kBlockTokens / 2;     // 32: S [64 heads x 64 tokens]
+constexpr int kORegs = kColsPerConsumer / 2;  // 128
+constexpr int kPvSteps = kBlockTokens / kMmaK;  // 4
 
-// kF16: the operands in shared memory (Q, K/V, P) are fp16 (the FP8 path), else bf16. kPeers > 1:
-// the ring is also filled by the peer's producer, so each stage is released to both CTAs.
+struct Rows {
+  int r[2];   // this thread's two accumulator rows (heads of the group)
+  int quad;   // lane % 4: its column pair
+  __device__ explicit Rows(int tid) : r{16 * (tid / 32) + (tid % 32) / 4, 16 * (tid / 32) + (tid % 32) / 4 + 8},
+                                      quad(tid % 4) {}
+};
+
+__device__ __forceinline__ void wait_stage(const Smem& sm, int b) {
+  mbar_wait(sm.full(b % kStages), (b / kStages) & 1);
+}
+
+// This consumer warpgroup is done with block b's stage (K, V, idx), for every CTA's producer that
+// writes it: in a cluster, one arrival per warp (after the warp's wgmma wait) on both empty barriers.
+template <int kPeers>
+__device__ __forceinline__ void release_stage(const Smem& sm, int b, uint32_t peer_delta) {
+  const int stage = b % kStages;
+  if constexpr (kPeers > 1) {
+    __syncwarp();
+    if (threadIdx.x % 32 == 0) {
+      mbar_arrive(sm.empty(stage));
+      mbar_arrive_cluster(sm.empty(stage) + peer_delta);
+    }
+  } else {
+    mbar_arrive(sm.empty(stage));
+  }
+}
+
+// Columns 256c .. 256c + 255 of the CTA's 64 rows: the normalized bf16 output with one split, else the
+// fp32 partial; with_stats: also the lse (or the partial's max and sum).
+__device__ __forceinline__ void write_result(const Params& p, const Work& w, const Rows& rows, const float (&o)[kORegs],
+                                             int c, const float (&l_all)[2], const float (&m_run)[2],
+                                             bool with_stats) {
+  const int col0 = c * kColsPerConsumer + 2 * rows.quad;
+  if (p.num_splits == 1) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int head = w.group * kHeadsPerCta + rows.r[i];
+      const bool empty = l_all[i] == 0.f;
+      const float inv = empty ? 0.f : 1.f / l_all[i];
+      __nv_bfloat16* out = p.out + w.t * p.out_stride_t + head * p.out_stride_h + col0;
+#pragma unroll
+      for (int n = 0; n < kColsPerConsumer / 8; ++n) {
+        *reinterpret_cast<__nv_bfloat162*>(out + 8 * n) =
+            __floats2bfloat162_rn(o[4 * n + 2 * i] * inv, o[4 * n + 2 * i + 1] * inv);
+      }
+      if (with_stats && rows.quad == 0) {
+        p.lse[w.t * p.lse_stride_t + head * p.lse_stride_h] =
+            empty ? -INFINITY : (m_run[i] + log2f(l_all[i])) * p.lse_scale;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const long long part = (static_cast<long long>(w.t) * p.num_splits + w.split) * p.heads +
+                             w.group * kHeadsPerCta + rows.r[i];
+      float* acc = p.part_acc + part * kCkvDim + col0;
+#pragma unroll
+      for (int n = 0; n < kColsPerConsumer / 8; ++n) {
+        *reinterpret_cast<float2*>(acc + 8 * n) = make_float2(o[4 * n + 2 * i], o[4 * n + 2 * i + 1]);
+      }
+      if (with_stats && rows.quad == 0) {
+        p.part_m[part] = m_run[i];
+        p.part_l[part] = l_all[i];
+      }
+    }
+  }
+}
+
+// O[:, 256c ..] += P [64 x 64] . V[64 tokens x 256 cols] descriptor of consumer c's V columns at
+// PV k-step kk: the K tile read MN-major, LBO = one 64-column chunk (8 KB), SBO = one 8-token atom.
+__device__ __forceinline__ uint64_t v_desc(const Smem& sm, int stage, int c) {
+  return make_desc(sm.k(stage) + c * (kColsPerConsumer / kChunkElems) * kChunkBytes, kChunkBytes, kSwizzleAtomBytes);
+}
+constexpr uint32_t kVStepBytes = (kMmaK / 8) * kSwizzleAtomBytes;  // 16 tokens: two 8-row atoms
+
+// Consumer 0 (the softmax warpgroup): S = Q . K^T over all 64 tokens of a block (m64n64: Q is read
+// from shared memory once a block, not once per consumer), the online softmax with whole rows (no
+// exchange of row maxima), P to shared memory for consumer 1 and, from registers, its own
+// O[:, 0 .. 255] += P . V. It does not wait for consumer 1's PV: the tensor pipe runs consumer 1's
+// PV of block b beside this warpgroup's S of block b + 1 (FlashMLA's sm90 decode split).
 template <bool kF16, int kPeers>
-__device__ void consume(const Params& p, const Smem& sm, const Work& w, int c, uint32_t peer_delta) {
-  const int tid = threadIdx.x - kWarpgroupThreads * (1 + c);  // 0..127 within the warpgroup
-  const int warp = tid / 32;
-  const int lane = tid % 32;
-  const int quad = lane % 4;
-  const int rows[2] = {16 * warp + lane / 4, 16 * warp + lane / 4 + 8};
-
+__device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, uint32_t peer_delta) {
+  const int tid = threadIdx.x - kWarpgroupThreads;
+  const Rows rows(tid);
   float o[kORegs];
 #pragma unroll
   for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
-  float s_acc[kSRegs];
+  float s[kSRegs];
 #pragma unroll
-  for (int i = 0; i < kSRegs; ++i) s_acc[i] = 0.f;
-  float m_run[2] = {-INFINITY, -INFINITY};  // log2-domain running max, identical in both consumers
+  for (int i = 0; i < kSRegs; ++i) s[i] = 0.f;  // overwritten by the first k-step (scale_d = 0)
+  float m_run[2] = {-INFINITY, -INFINITY};  // log2-domain running max of whole rows
   float l_run[2] = {0.f, 0.f};              // this thread's share of the running sum
 
-  // Base descriptors, advanced by compile-time offsets per wgmma (desc_advance): about 12 fewer
-  // instructions a wgmma (H200: bf16 -2%, FP8 h128 -1%, FP8 h64 +2%; session 5).
   const uint64_t q_desc = make_desc(sm.q(), 16, kSwizzleAtomBytes);
-  const uint64_t p_desc = make_desc(sm.p(), 16, kSwizzleAtomBytes);
   for (int b = 0; b < w.num_blocks; ++b) {
     const int stage = b % kStages;
-    mbar_wait(sm.full(stage), (b / kStages) & 1);
+    wait_stage(sm, b);
 
-    // S_c = Q [64 x 576] . K[32c .. 32c+31]^T: both operands K-major, 36 k-steps of 16.
-    const uint64_t k_desc = make_desc(sm.k(stage) + c * kTokensPerConsumer * kSwizzleBytes, 16, kSwizzleAtomBytes);
+    // S = Q [64 x 576] . K[0 .. 63]^T: both operands K-major, 36 k-steps of 16.
+    const uint64_t k_desc = make_desc(sm.k(stage), 16, kSwizzleAtomBytes);
     wgmma_fence();
 #pragma unroll
     for (int chunk = 0; chunk < kChunks; ++chunk) {
 #pragma unroll
       for (int kk = 0; kk < kChunkElems / kMmaK; ++kk) {
         const uint32_t offset = chunk * kChunkBytes + kk * kMmaK * 2;  // k_bytes inside the 128-byte row
-        wgmma_m64n32k16_kk<kF16>(s_acc, desc_advance(q_desc, offset), desc_advance(k_desc, offset),
-                                 (chunk | kk) != 0);
+        wgmma_m64n64k16_kk<kF16>(s, desc_advance(q_desc, offset), desc_advance(k_desc, offset), (chunk | kk) != 0);
       }
     }
     wgmma_commit();
     wgmma_wait<0>();
 #pragma unroll
-    for (int i = 0; i < kSRegs; ++i) fence_operand(s_acc[i]);
+    for (int i = 0; i < kSRegs; ++i) fence_operand(s[i]);
 
-    // Scale into the log2 domain, mask invalid tokens, row maxima of this half.
-    const int* idx = sm.idx(stage) + c * kTokensPerConsumer;
+    // Scale into the log2 domain, mask invalid tokens, row maxima (a row's 64 values: 16 here, the
+    // rest in the quad's other 3 threads).
+    const int* idx = sm.idx(stage);
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int n = 0; n < kTokensPerConsumer / 8; ++n) {
+    for (int n = 0; n < kBlockTokens / 8; ++n) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const bool valid = idx[8 * n + 2 * quad + j] >= 0;
+        const bool valid = idx[8 * n + 2 * rows.quad + j] >= 0;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
-          float& s = s_acc[4 * n + 2 * i + j];
-          s = valid ? s * p.sm_scale_log2 : -INFINITY;
-          mx[i] = fmaxf(mx[i], s);
+          float& v = s[4 * n + 2 * i + j];
+          v = valid ? v * p.sm_scale_log2 : -INFINITY;
+          mx[i] = fmaxf(mx[i], v);
         }
       }
     }
+    float alpha[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFF, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFF, mx[i], 2));
-      if (quad == 0) sm.row_max(c)[rows[i]] = mx[i];
-    }
-    named_barrier_sync(kBarMaxReady, kConsumerThreads);
-
-    float alpha[2];
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const float m_new = fmaxf(m_run[i], fmaxf(mx[i], sm.row_max(1 - c)[rows[i]]));
+      const float m_new = fmaxf(m_run[i], mx[i]);
       // Exponents against a finite reference: exp2(-inf - ref) = 0, never (-inf) - (-inf).
       const float ref = m_new == -INFINITY ? 0.f : m_new;
       alpha[i] = exp2f(m_run[i] - ref);
       m_run[i] = m_new;
       float sum = 0.f;
 #pragma unroll
-      for (int n = 0; n < kTokensPerConsumer / 8; ++n) {
+      for (int n = 0; n < kBlockTokens / 8; ++n) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          float& s = s_acc[4 * n + 2 * i + j];
-          s = exp2f(s - ref);
-          sum += s;
+          float& v = s[4 * n + 2 * i + j];
+          v = exp2f(v - ref);
+          sum += v;
         }
       }
       l_run[i] = l_run[i] * alpha[i] + sum;
@@ -560,94 +633,112 @@ __device__ void consume(const Params& p, const Smem& sm, const Work& w, int c, u
       }
     }
 
-    // P half -> shared memory, K-major swizzled [64 heads x 64 tokens] (the PV A operand).
+    // P as this warpgroup's A fragments (bf16; fp16 on the FP8 path), and to shared memory with the
+    // rescale factors for consumer 1, once it has finished with the previous block's.
+    uint32_t pa[kPvSteps][4];
 #pragma unroll
-    for (int n = 0; n < kTokensPerConsumer / 8; ++n) {
+    for (int kk = 0; kk < kPvSteps; ++kk) {
 #pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int piece = c * (kTokensPerConsumer / 8) + n;
-        st_shared_b32(sm.p() + swizzled(rows[i], piece) + quad * 4,
-                      pack2<kF16>(s_acc[4 * n + 2 * i], s_acc[4 * n + 2 * i + 1]));
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int n = 2 * kk + h;
+          pa[kk][2 * h + i] = pack2<kF16>(s[4 * n + 2 * i], s[4 * n + 2 * i + 1]);
+        }
       }
     }
-    fence_proxy_async();  // st.shared (generic proxy) is read by wgmma (async proxy)
-    named_barrier_sync(kBarPReady, kConsumerThreads);
+    if (b > 0) named_barrier_sync(kBarPFree, kConsumerThreads);
+#pragma unroll
+    for (int kk = 0; kk < kPvSteps; ++kk) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          st_shared_b32(sm.p() + swizzled(rows.r[i], 2 * kk + h) + rows.quad * 4, pa[kk][2 * h + i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      if (rows.quad == 0) sm.row_max(0)[rows.r[i]] = alpha[i];
+    }
+    fence_proxy_async();  // st.shared (generic proxy) is read by consumer 1's wgmma (async proxy)
+    named_barrier_arrive(kBarPReady, kConsumerThreads);
 
-    // O[:, 256c ..] += P [64 x 64] . V[64 tokens x 256 cols]: V is the K tile read MN-major:
-    // LBO = one 64-column chunk (8 KB), SBO = one 8-token atom (1 KB); 4 k-steps of 16 tokens.
-    const uint64_t v_desc =
-        make_desc(sm.k(stage) + c * (kColsPerConsumer / kChunkElems) * kChunkBytes, kChunkBytes, kSwizzleAtomBytes);
+    const uint64_t v0 = v_desc(sm, stage, 0);
     wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < kBlockTokens / kMmaK; ++kk) {
-      wgmma_m64n256k16_kmn<kF16>(o, desc_advance(p_desc, kk * kMmaK * 2),
-                                 desc_advance(v_desc, kk * (kMmaK / 8) * kSwizzleAtomBytes), 1);
-    }
+    for (int kk = 0; kk < kPvSteps; ++kk) wgmma_m64n256k16_rs<kF16>(o, pa[kk], desc_advance(v0, kk * kVStepBytes));
     wgmma_commit();
     // Waited here rather than after the next block's S: a PV group still in flight across the
     // loop's back edge makes ptxas serialize every wgmma of the kernel (C7514/C7515).
     wgmma_wait<0>();
 #pragma unroll
     for (int i = 0; i < kORegs; ++i) fence_operand(o[i]);
-    // This consumer is done with the stage (its K, V and idx), for every CTA's producer that writes
-    // it: in a cluster, one arrival per warp (after the warp's wgmma wait) on both empty barriers.
-    if constexpr (kPeers > 1) {
-      __syncwarp();
-      if (lane == 0) {
-        mbar_arrive(sm.empty(stage));
-        mbar_arrive_cluster(sm.empty(stage) + peer_delta);
-      }
-    } else {
-      mbar_arrive(sm.empty(stage));
-    }
+    release_stage<kPeers>(sm, b, peer_delta);
   }
 
-  // Row sums: the quad's 4 threads, then the two consumers (same order in both: same result).
-#pragma unroll
-  for (int i = 0; i < 2; ++i) {
-    l_run[i] += __shfl_xor_sync(0xFFFFFFFF, l_run[i], 1);
-    l_run[i] += __shfl_xor_sync(0xFFFFFFFF, l_run[i], 2);
-    if (quad == 0) sm.row_sum(c)[rows[i]] = l_run[i];
-  }
-  named_barrier_sync(kBarMaxReady, kConsumerThreads);
+  // Whole row sums (the quad's 4 threads) to consumer 1, which normalizes its columns with them.
   float l_all[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) l_all[i] = sm.row_sum(0)[rows[i]] + sm.row_sum(1)[rows[i]];
-
-  const int col0 = c * kColsPerConsumer + 2 * quad;
-  if (p.num_splits == 1) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int head = w.group * kHeadsPerCta + rows[i];
-      const bool empty = l_all[i] == 0.f;
-      const float inv = empty ? 0.f : 1.f / l_all[i];
-      __nv_bfloat16* out = p.out + w.t * p.out_stride_t + head * p.out_stride_h + col0;
-#pragma unroll
-      for (int n = 0; n < kColsPerConsumer / 8; ++n) {
-        *reinterpret_cast<__nv_bfloat162*>(out + 8 * n) =
-            __floats2bfloat162_rn(o[4 * n + 2 * i] * inv, o[4 * n + 2 * i + 1] * inv);
-      }
-      if (c == 0 && quad == 0) {
-        p.lse[w.t * p.lse_stride_t + head * p.lse_stride_h] =
-            empty ? -INFINITY : (m_run[i] + log2f(l_all[i])) * p.lse_scale;
-      }
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const long long part = (static_cast<long long>(w.t) * p.num_splits + w.split) * p.heads +
-                             w.group * kHeadsPerCta + rows[i];
-      float* acc = p.part_acc + part * kCkvDim + col0;
-#pragma unroll
-      for (int n = 0; n < kColsPerConsumer / 8; ++n) {
-        *reinterpret_cast<float2*>(acc + 8 * n) = make_float2(o[4 * n + 2 * i], o[4 * n + 2 * i + 1]);
-      }
-      if (c == 0 && quad == 0) {
-        p.part_m[part] = m_run[i];
-        p.part_l[part] = l_all[i];
-      }
-    }
+  for (int i = 0; i < 2; ++i) {
+    l_all[i] = l_run[i] + __shfl_xor_sync(0xFFFFFFFF, l_run[i], 1);
+    l_all[i] += __shfl_xor_sync(0xFFFFFFFF, l_all[i], 2);
+    if (rows.quad == 0) sm.row_sum(0)[rows.r[i]] = l_all[i];
   }
+  named_barrier_arrive(kBarStatsReady, kConsumerThreads);
+  write_result(p, w, rows, o, 0, l_all, m_run, true);
+}
+
+// Consumer 1: O[:, 256 .. 511] += P . V with P and the rescale factors from consumer 0.
+template <bool kF16, int kPeers>
+__device__ void consume_pv(const Params& p, const Smem& sm, const Work& w, uint32_t peer_delta) {
+  const int tid = threadIdx.x - 2 * kWarpgroupThreads;
+  const Rows rows(tid);
+  float o[kORegs];
+#pragma unroll
+  for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
+
+  const uint64_t p_desc = make_desc(sm.p(), 16, kSwizzleAtomBytes);
+  for (int b = 0; b < w.num_blocks; ++b) {
+    const int stage = b % kStages;
+    wait_stage(sm, b);  // this warpgroup's own acquire of the stage it reads
+    named_barrier_sync(kBarPReady, kConsumerThreads);
+    float alpha[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) alpha[i] = sm.row_max(0)[rows.r[i]];
+#pragma unroll
+    for (int n = 0; n < kColsPerConsumer / 8; ++n) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        o[4 * n + 2 * i] *= alpha[i];
+        o[4 * n + 2 * i + 1] *= alpha[i];
+      }
+    }
+    const uint64_t v1 = v_desc(sm, stage, 1);
+    wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < kPvSteps; ++kk) {
+      wgmma_m64n256k16_kmn<kF16>(o, desc_advance(p_desc, kk * kMmaK * 2), desc_advance(v1, kk * kVStepBytes), 1);
+    }
+    wgmma_commit();
+    wgmma_wait<0>();
+#pragma unroll
+    for (int i = 0; i < kORegs; ++i) fence_operand(o[i]);
+    release_stage<kPeers>(sm, b, peer_delta);
+    // P and the factors are read (the MMAs completed): consumer 0 may write the next block's. A sync
+    // on both sides, not an arrive here: racecheck does not order this warpgroup's reads before
+    // consumer 0's later writes through bar.arrive. It costs nothing, as this warpgroup would wait
+    // for the next block's P right after anyway.
+    if (b + 1 < w.num_blocks) named_barrier_sync(kBarPFree, kConsumerThreads);
+  }
+
+  named_barrier_sync(kBarStatsReady, kConsumerThreads);
+  float l_all[2];
+#pragma unroll
+  for (int i = 0; i < 2; ++i) l_all[i] = sm.row_sum(0)[rows.r[i]];
+  const float unused_m[2] = {0.f, 0.f};
+  write_result(p, w, rows, o, 1, l_all, unused_m, false);
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -729,9 +820,12 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
     } else {
       produce_bf16(p, sm, w);
     }
+  } else if (warpgroup == 1) {
+    setmaxnreg_inc<Regs<kFp8>::kSoftmax>();
+    consume_softmax<kFp8, kPeers>(p, sm, w, peer_delta);
   } else {
-    setmaxnreg_inc<Regs<kFp8>::kConsumer>();
-    consume<kFp8, kPeers>(p, sm, w, warpgroup - 1, peer_delta);
+    setmaxnreg_inc<Regs<kFp8>::kPv>();
+    consume_pv<kFp8, kPeers>(p, sm, w, peer_delta);
   }
   // A CTA's shared memory must outlive the peer's last store and arrivals into it.
   if constexpr (kPeers > 1) cluster_sync();

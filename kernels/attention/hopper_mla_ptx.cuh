@@ -48,19 +48,8 @@ __device__ __forceinline__ void wgmma_wait() {
 // the wgmma issue / wait (the asm statements are volatile, so they stay in order).
 __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
-// The two MMA shapes the kernel issues. The instruction text of the fp16 and bf16 forms differs
+// The MMA shapes the kernel issues. The instruction text of the fp16 and bf16 forms differs
 // only in the operand type (a string literal, TYPE), so one macro per shape writes both.
-#define HOPPER_MLA_WGMMA_M64N32K16_KK(TYPE) \
-  asm volatile( \
-      "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n" \
-      "wgmma.mma_async.sync.aligned.m64n32k16.f32." TYPE "." TYPE " {" \
-      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15" \
-      "}, %16, %17, p, 1, 1, 0, 0;\n}\n" \
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), \
-      "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), \
-      "+f"(d[14]), "+f"(d[15]) \
-      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
-
 #define HOPPER_MLA_WGMMA_M64N256K16_KMN(TYPE) \
   asm volatile( \
       "{\n.reg .pred p;\nsetp.ne.b32 p, %130, 0;\n" \
@@ -95,16 +84,23 @@ __device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"
       "+f"(d[126]), "+f"(d[127]) \
       : "l"(desc_a), "l"(desc_b), "r"(scale_d))
 
-// D[64x32] (+)= A[64x16] . B[16x32] with fp32 accumulators, A and B from shared memory by descriptor,
-// B K-major; operands fp16 (kF16) or bf16. scale_d = 0 overwrites D.
-template <bool kF16>
-__device__ __forceinline__ void wgmma_m64n32k16_kk(float (&d)[16], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  if constexpr (kF16) {
-    HOPPER_MLA_WGMMA_M64N32K16_KK("f16");
-  } else {
-    HOPPER_MLA_WGMMA_M64N32K16_KK("bf16");
-  }
-}
+#define HOPPER_MLA_WGMMA_M64N64K16_KK(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31" \
+      "}, %32, %33, p, 1, 1, 0, 0;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]) \
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d))
+
+#define HOPPER_MLA_WGMMA_M64N256K16_RS(TYPE) \
+  asm volatile( \
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %133, 0;\n" \
+      "wgmma.mma_async.sync.aligned.m64n256k16.f32." TYPE "." TYPE " {" \
+      "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63, %64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79, %80, %81, %82, %83, %84, %85, %86, %87, %88, %89, %90, %91, %92, %93, %94, %95, %96, %97, %98, %99, %100, %101, %102, %103, %104, %105, %106, %107, %108, %109, %110, %111, %112, %113, %114, %115, %116, %117, %118, %119, %120, %121, %122, %123, %124, %125, %126, %127" \
+      "}, {%128, %129, %130, %131}, %132, p, 1, 1, 1;\n}\n" \
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63]), "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79]), "+f"(d[80]), "+f"(d[81]), "+f"(d[82]), "+f"(d[83]), "+f"(d[84]), "+f"(d[85]), "+f"(d[86]), "+f"(d[87]), "+f"(d[88]), "+f"(d[89]), "+f"(d[90]), "+f"(d[91]), "+f"(d[92]), "+f"(d[93]), "+f"(d[94]), "+f"(d[95]), "+f"(d[96]), "+f"(d[97]), "+f"(d[98]), "+f"(d[99]), "+f"(d[100]), "+f"(d[101]), "+f"(d[102]), "+f"(d[103]), "+f"(d[104]), "+f"(d[105]), "+f"(d[106]), "+f"(d[107]), "+f"(d[108]), "+f"(d[109]), "+f"(d[110]), "+f"(d[111]), "+f"(d[112]), "+f"(d[113]), "+f"(d[114]), "+f"(d[115]), "+f"(d[116]), "+f"(d[117]), "+f"(d[118]), "+f"(d[119]), "+f"(d[120]), "+f"(d[121]), "+f"(d[122]), "+f"(d[123]), "+f"(d[124]), "+f"(d[125]), "+f"(d[126]), "+f"(d[127]) \
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1))
 
 // D[64x256] (+)= A[64x16] . B[16x256] with fp32 accumulators, A and B from shared memory by descriptor,
 // B MN-major (transpose bit set); operands fp16 (kF16) or bf16. scale_d = 0 overwrites D.
@@ -117,7 +113,30 @@ __device__ __forceinline__ void wgmma_m64n256k16_kmn(float (&d)[128], uint64_t d
   }
 }
 
-#undef HOPPER_MLA_WGMMA_M64N32K16_KK
+// D[64x64] (+)= A[64x16] . B[16x64], both from shared memory, B K-major (the softmax warpgroup's S).
+template <bool kF16>
+__device__ __forceinline__ void wgmma_m64n64k16_kk(float (&d)[32], uint64_t desc_a, uint64_t desc_b, int scale_d) {
+  if constexpr (kF16) {
+    HOPPER_MLA_WGMMA_M64N64K16_KK("f16");
+  } else {
+    HOPPER_MLA_WGMMA_M64N64K16_KK("bf16");
+  }
+}
+
+// D[64x256] += A[64x16] . B[16x256] with A from registers (the fragment layout in hopper_mla.cu's
+// consumers) and B from shared memory, MN-major (transpose bit set).
+template <bool kF16>
+__device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (kF16) {
+    HOPPER_MLA_WGMMA_M64N256K16_RS("f16");
+  } else {
+    HOPPER_MLA_WGMMA_M64N256K16_RS("bf16");
+  }
+}
+
+#undef HOPPER_MLA_WGMMA_M64N64K16_KK
+#undef HOPPER_MLA_WGMMA_M64N256K16_RS
+
 #undef HOPPER_MLA_WGMMA_M64N256K16_KMN
 
 // ---- mbarrier ----------------------------------------------------------------------------------
@@ -212,9 +231,15 @@ __device__ __forceinline__ uint4 ld_global_nc_v4(const void* p) {
   return v;
 }
 
-// Barrier among the threads of some warps only (id 0 is __syncthreads').
+// Barrier among the threads of some warps only (id 0 is __syncthreads'). Not .aligned (bar.sync is
+// barrier.sync.aligned): the two sides of a hand-off between warpgroups are different instructions,
+// and .aligned requires every participating thread to execute the same one (synccheck reports it).
 __device__ __forceinline__ void named_barrier_sync(uint32_t id, uint32_t threads) {
-  asm volatile("bar.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+  asm volatile("barrier.sync %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
+}
+// Arrive at a named barrier without waiting (the other side syncs): a one-way signal.
+__device__ __forceinline__ void named_barrier_arrive(uint32_t id, uint32_t threads) {
+  asm volatile("barrier.arrive %0, %1;\n" ::"r"(id), "r"(threads) : "memory");
 }
 
 // ---- register reallocation between warpgroups ----------------------------------------------------

@@ -1,0 +1,141 @@
+"""Where the contest time of the sparse MLA Triton launcher goes, and which launch settings cut it.
+
+    python3 profiles/h200/attention/triton_variants.py OUTDIR
+
+One process, bench's own timing (CUPTI kernel time summed over a call's launches, cold L2 before
+every call, median of ITERS), the checkout's launcher with its module settings swapped per
+variant (and restored):
+1. breakdown.csv: every contest attention workload, the whole call and the split kernel alone
+   (the combine launch skipped), so combine = whole - split;
+2. combine.csv: the contest suite with other combine tiles (COMBINE_BLOCK_D, COMBINE_WARPS);
+3. configs.csv: 16 heads bf16, full rows, T in (1, 2, 8): tile configurations x split counts.
+Every variant's output is compared with the shipped settings' output on the same inputs
+(max |difference|), so a variant that computes something else shows up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+import bench_old_vs_new as bo  # noqa: E402  (its workload and timing helpers)
+
+from dsactl.bench.timing import L2Flusher, pick_method  # noqa: E402
+from dsactl.kernels.attention import triton_sparse_mla as mla  # noqa: E402
+from dsactl.workloads import suite  # noqa: E402
+
+COMBINES = [(128, 4), (64, 4), (32, 4), (128, 8), (64, 8)]  # (COMBINE_BLOCK_D, COMBINE_WARPS)
+CONFIG_TOKENS = (1, 2, 8)
+CONFIGS = [mla.Config(16, n, w, s) for n in (64, 32) for w in (8, 4) for s in (2, 1)]
+SPLITS = (8, 16, 32, 64)
+
+
+@contextlib.contextmanager
+def settings(**overrides):
+    """The launcher module with some of its globals replaced for the duration."""
+    saved = {k: getattr(mla, k) for k in overrides}
+    for k, v in overrides.items():
+        setattr(mla, k, v)
+    mla.combine_blocks.cache_clear()
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(mla, k, v)
+        mla.combine_blocks.cache_clear()
+
+
+def run(call, outputs):
+    outputs["output"].fill_(float("nan"))  # poisoned: an unwritten element shows as a difference
+    call()
+    torch.cuda.synchronize()
+    return outputs["output"].float().clone()
+
+
+def diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a - b).abs().nan_to_num(float("inf")).max())
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def main(out: str) -> None:
+    out_dir = Path(out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    method, flusher = pick_method(), L2Flusher()
+    print(f"{torch.cuda.get_device_name()} timing {method}, {bo.ITERS} iters, cold L2", flush=True)
+    contest = [w for w in suite("contest") if w.definition.startswith("dsa_sparse_attention")]
+    prepared = [(w, *bo.prepared(w)) for w in contest]
+
+    rows = []
+    for w, inputs, outputs in prepared:
+        call = bo.launcher_call(mla, inputs, outputs, False)
+        whole = bo.time_us(call, method, flusher)
+        with settings(combine=lambda *a, **k: None):
+            split = bo.time_us(call, method, flusher)
+        rows.append({"workload": w.uuid, "tokens": inputs["q_nope"].shape[0],
+                     "valid": int((inputs["sparse_indices"] >= 0).sum()), "whole_us": round(whole, 2),
+                     "split_us": round(split, 2), "combine_us": round(whole - split, 2)})
+        print(rows[-1], flush=True)
+    write_csv(out_dir / "breakdown.csv", rows)
+
+    combine_rows = []
+    for w, inputs, outputs in prepared:
+        call = bo.launcher_call(mla, inputs, outputs, False)
+        ref = run(call, outputs)
+        for block_d, warps in COMBINES:
+            with settings(COMBINE_BLOCK_D=block_d, COMBINE_WARPS=warps):
+                got = run(call, outputs)
+                us = bo.time_us(call, method, flusher)
+            combine_rows.append({"workload": w.uuid, "block_d": block_d, "warps": warps, "us": round(us, 2),
+                                 "max_diff": diff(got, ref)})
+    write_csv(out_dir / "combine.csv", combine_rows)
+    print("\ncombine (BLOCK_D, warps): contest mean / max us, max diff")
+    for block_d, warps in COMBINES:
+        r = [x for x in combine_rows if (x["block_d"], x["warps"]) == (block_d, warps)]
+        print(f"  ({block_d:3d}, {warps}) {statistics.mean(x['us'] for x in r):6.2f} {max(x['us'] for x in r):6.2f}"
+              f"  {max(x['max_diff'] for x in r):.3g}", flush=True)
+
+    config_rows = []
+    for tokens in CONFIG_TOKENS:
+        inputs, outputs = bo.prepared(bo.production_workload(16, tokens, False))
+        ref = run(bo.launcher_call(mla, inputs, outputs, False), outputs)
+        for cfg in CONFIGS:
+            for splits in SPLITS:
+                if splits * cfg.block_n > bo.TOPK:
+                    continue
+                call = bo.launcher_call(mla, inputs, outputs, False, splits)
+                with settings(config=lambda h, f, cfg=cfg: cfg, MAX_SPLITS=64):
+                    got = run(call, outputs)
+                    us = bo.time_us(call, method, flusher)
+                config_rows.append({"tokens": tokens, "block_n": cfg.block_n, "warps": cfg.num_warps,
+                                    "stages": cfg.num_stages, "splits": splits, "us": round(us, 2),
+                                    "max_diff": diff(got, ref)})
+                print(config_rows[-1], flush=True)
+    write_csv(out_dir / "configs.csv", config_rows)
+
+    print("\nworkload                 T  valid  whole  split  combine")
+    for r in rows:
+        print(f"{r['workload']:22s} {r['tokens']:3d} {r['valid']:6d} {r['whole_us']:6.2f} {r['split_us']:6.2f} "
+              f"{r['combine_us']:6.2f}")
+    print(f"contest mean {statistics.mean(r['whole_us'] for r in rows):.2f} us")
+    print("\nh16 bf16 best per T:")
+    for tokens in CONFIG_TOKENS:
+        best = sorted((r for r in config_rows if r["tokens"] == tokens), key=lambda r: r["us"])[:4]
+        for r in best:
+            print(f"  T={tokens} N={r['block_n']} warps={r['warps']} stages={r['stages']} S={r['splits']}: "
+                  f"{r['us']} us (diff {r['max_diff']:.3g})")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
