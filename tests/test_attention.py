@@ -84,6 +84,7 @@ INTERPRETER_CASES = {
     "splits_7_fp8kv": (_definition(16, 128, "_fp8kv_sink"), 2, 4, {"pattern": "scattered", "valid": (128, 9)}, 7),
     "splits_13_64_heads": (_definition(64, 64, "_lsee"), 1, 2, {}, 13),
     "splits_32_tail": (_definition(16, 128, "_topklen"), 2, 4, {"pattern": "tail", "valid": (40, 128)}, 32),
+    "splits_64_tail": (_definition(16, 128, "_topklen"), 2, 4, {"pattern": "tail", "valid": (40, 128)}, 64),
     "splits_32_64_heads_fp8kv": (_definition(128, 64, "_fp8kv"), 1, 2, {}, 32),
     "splits_20_32_heads": (_definition(32, 64), 1, 2, {"pattern": "duplicates"}, 20),
 }
@@ -98,6 +99,19 @@ def test_interpreted_kernel_matches_reference(case):
     _assert_matches_reference(definition, inputs, outputs)
     if params.get("pattern") == "empty":
         assert bool((outputs["output"] == 0).all()) and bool((outputs["lse"] == float("-inf")).all())
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
+@pytest.mark.parametrize("cfg", [tsm.config(16, False), tsm._SMALL_GRID, tsm._ONE_TILE,
+                                 tsm.Config(16, 32, 4, 1, prefetch=True)], ids=str)
+def test_interpreted_16_head_configurations_match_reference(cfg, monkeypatch):
+    """Every tile a 16-head bf16 launch can pick (the one-tile one even where this Triton would not
+    pick it), and the hand-prefetched loop, over several tiles a split."""
+    monkeypatch.setattr(tsm, "launch_config", lambda *args: cfg)
+    definition = _definition(16, 512, "_topklen")
+    inputs = _inputs(definition, 2, 16, "cpu", seed=cfg.block_n, pattern="scattered", valid=(500, 300))
+    outputs = _run(_launcher_kwargs(definition, 2), definition, inputs)
+    _assert_matches_reference(definition, inputs, outputs)
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
@@ -170,6 +184,29 @@ def test_split_count_fills_the_gpu():
     assert tsm.num_splits_for(1, 16, 64, tsm.config(16, False), sms) == 1  # one tile: nothing to split
 
 
+def test_small_grids_at_16_heads_take_twice_the_splits_of_half_the_tiles():
+    sms = 132
+    small = tsm.launch_config(1, 16, 2048, False, sms)
+    assert (small.block_n, small.num_warps) == (32, 4) and small in tsm.configs(16, False)
+    assert tsm.num_splits_for(1, 16, 2048, small, sms) == 64  # one 32-token tile a program
+    assert tsm.launch_config(2, 16, 2048, False, sms) == small  # 64 programs of 64 tokens: half the SMs idle
+    for num_tokens, heads, fp8kv in ((3, 16, False), (8, 16, False), (1, 32, False), (1, 16, True), (1, 128, False)):
+        assert tsm.launch_config(num_tokens, heads, 2048, fp8kv, sms) == tsm.config(heads, fp8kv)
+    assert tsm.launch_config(8, 16, 256, False, sms) == small  # short rows: 32 programs of 64 tokens
+
+
+def test_grids_under_one_wave_at_16_heads_take_one_128_token_tile_where_it_builds_cleanly():
+    sms = 132
+    one_tile = tsm.launch_config(8, 16, 2048, False, sms)
+    if not tsm._ONE_TILE_BUILDS_CLEANLY:  # Triton >= 3.7 spills it: the 64-token tile stays
+        assert one_tile == tsm.config(16, False) and len(tsm.configs(16, False)) == 2
+        return
+    assert (one_tile.block_n, one_tile.num_stages) == (128, 1) and one_tile in tsm.configs(16, False)
+    assert tsm.num_splits_for(8, 16, 2048, one_tile, sms) == 16  # 128 programs of one tile
+    assert tsm.launch_config(6, 16, 2048, False, sms) == one_tile
+    assert tsm.launch_config(9, 16, 2048, False, sms) == tsm.config(16, False)  # 144 tiles: over a wave
+
+
 def test_launcher_rejects_malformed_inputs():
     definition = _definition(16, 128)
     inputs = _inputs(definition, 2, 4, "cpu")
@@ -236,7 +273,7 @@ def test_gpu_other_topk_sizes(heads, topk, suffix, impl):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("num_splits", [1, 2, 7, 32])
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 32, 64])
 @pytest.mark.parametrize("suffix", ["_sink", "_fp8kv_lsee_topklen"])
 def test_gpu_any_split_count_is_exact(num_splits, suffix):
     definition = _definition(128, 2048, suffix)

@@ -139,7 +139,8 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     bad_shape, bad_alignment, null = -1, -2, -3
     assert call(heads=16) == bad_shape and call(heads=96) == bad_shape
     assert call(topk=100) == bad_shape and call(topk=4096) == bad_shape and call(topk=0) == bad_shape
-    assert call(splits=0) == bad_shape and call(splits=33) == bad_shape and call(num_tokens=-1) == bad_shape
+    assert call(splits=0) == bad_shape and call(splits=hopper_mla.MAX_SPLITS + 1) == bad_shape
+    assert call(num_tokens=-1) == bad_shape
     assert call(num_tokens=65536) == bad_shape
     assert call(num_tokens=0) == 0  # nothing to do: no CUDA call at all
     assert call(kv_a=0) == null and call(splits=2, parts=(None, None, None)) == null
@@ -302,11 +303,12 @@ def test_gpu_index_patterns(pattern, suffix):
 @pytest.mark.gpu
 @on_sm90
 @pytest.mark.parametrize("heads", hopper_mla.HEADS)
-@pytest.mark.parametrize("num_splits", [1, 2, 7, 31, 32])
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 31, 32, 64])
 @pytest.mark.parametrize("suffix", ["_lsee", "_fp8kv"])
 def test_gpu_any_split_count_is_exact(heads, num_splits, suffix):
     """FP8 at 128 heads runs in 2-CTA clusters from 2 blocks a CTA: 31 splits leave 66-67 tokens a
-    split (a second block of 2-3 valid tokens, clustered), 32 splits one block (alone)."""
+    split (a second block of 2-3 valid tokens, clustered), 32 splits one block (alone), 64 splits
+    half a block."""
     definition = _definition(heads, 2048, suffix)
     inputs = _inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
     _assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))

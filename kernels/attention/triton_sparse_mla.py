@@ -48,12 +48,15 @@ INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 HEADS = (16, 32, 64, 128)
 # The split formula's SM count when the tensors are not on a GPU (interpreter): the H200's.
 H200_NUM_SMS = 132
-# Rows of the combine tile: the most splits a launch may use. 32 splits of topk 2048 leave
-# each split 64 tokens, one full tile; more would spend more on the combine than they save.
-MAX_SPLITS = 32
+# Rows of the combine tile: the most splits a launch may use. 64 splits of topk 2048 leave
+# each split one 32-token tile (the small-grid configuration's); more would spend more on the
+# combine than they save.
+MAX_SPLITS = 64
 # A combine program reduces a [splits, heads, COMBINE_BLOCK_D] block of partials of at most
 # COMBINE_TILE fp32 values (32 KB: 64 registers a thread with 4 warps); fewer splits, more heads.
-COMBINE_BLOCK_D = 128
+# 64 columns rather than 128: the contest suite's mean 11.1 against 12.2 us, max 14.1 against 15.0
+# (H200, profiles/h200/attention/triton-variants/combine.csv); 32 columns: 11.7.
+COMBINE_BLOCK_D = 64
 COMBINE_TILE = 8192
 COMBINE_WARPS = 4
 
@@ -124,6 +127,23 @@ def _write(acc, cols, m, l, t, split, heads, num_splits, has_sink, lse_scale, si
             tl.store(part_l_ptr + part, l)
 
 
+@triton.jit
+def _tile_ids(row_ptr, start, n_mine, num_splits, offs_n):
+    """The token ids of one tile of a split's positions (-1 past the split's share)."""
+    j = start + offs_n
+    return tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
+
+
+@triton.jit
+def _gather_bf16(ckv_ptr, kpe_ptr, idx, stride_ckv, stride_kpe, d, r):
+    """The ckv [N, 512] and kpe [N, 64] rows of token ids idx (zeros where idx < 0)."""
+    valid = idx >= 0
+    tok = idx.to(tl.int64)  # token ids times a row size overflow int32 on large caches
+    kv = tl.load(ckv_ptr + tok[:, None] * stride_ckv + d[None, :], mask=valid[:, None], other=0.0)
+    kpe = tl.load(kpe_ptr + tok[:, None] * stride_kpe + r[None, :], mask=valid[:, None], other=0.0)
+    return kv, kpe
+
+
 @triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
 def _sparse_mla_bf16_kernel(
     q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, indices_ptr, topk_length_ptr, sink_ptr,
@@ -131,7 +151,8 @@ def _sparse_mla_bf16_kernel(
     sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_ckv, stride_kpe, stride_idx_t,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
+    UPCAST_DOT: tl.constexpr,
 ):
     """bf16 KV: ckv rows of 512 and kpe rows of 64 values, `stride_*` elements apart."""
     tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
@@ -154,13 +175,24 @@ def _sparse_mla_bf16_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, _D_CKV], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
+    if PREFETCH:
+        # A tile's rows can be requested only once its ids have arrived: ids are loaded two tiles
+        # ahead and rows one tile ahead (into registers), so that neither waits inside the loop.
+        next_idx = _tile_ids(row_ptr, 0, n_mine, num_splits, offs_n)
+        next_kv, next_kpe = _gather_bf16(ckv_ptr, kpe_ptr, next_idx, stride_ckv, stride_kpe, d, r)
+        after_idx = _tile_ids(row_ptr, BLOCK_N, n_mine, num_splits, offs_n)
     for start in range(0, n_mine, BLOCK_N):
-        j = start + offs_n
-        idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
+        if PREFETCH:
+            idx, kv, kpe = next_idx, next_kv, next_kpe
+            next_kv, next_kpe = _gather_bf16(ckv_ptr, kpe_ptr, after_idx, stride_ckv, stride_kpe, d, r)
+            next_idx = after_idx
+            after_idx = _tile_ids(row_ptr, start + 2 * BLOCK_N, n_mine, num_splits, offs_n)
+        else:
+            idx = _tile_ids(row_ptr, start, n_mine, num_splits, offs_n)
+            kv, kpe = _gather_bf16(ckv_ptr, kpe_ptr, idx, stride_ckv, stride_kpe, d, r)
         valid = idx >= 0
-        tok = idx.to(tl.int64)  # token ids times a row size overflow int32 on large caches
-        kv = tl.load(ckv_ptr + tok[:, None] * stride_ckv + d[None, :], mask=valid[:, None], other=0.0).to(dot_dtype)
-        kpe = tl.load(kpe_ptr + tok[:, None] * stride_kpe + r[None, :], mask=valid[:, None], other=0.0).to(dot_dtype)
+        kv = kv.to(dot_dtype)
+        kpe = kpe.to(dot_dtype)
         s = tl.dot(q_pe, tl.trans(kpe), tl.dot(q_nope, tl.trans(kv)))
         m_i, alpha, p, l_i = _softmax_step(m_i, l_i, s, valid, sm_scale_log2)
         acc = tl.dot(p.to(dot_dtype), kv, acc * alpha[:, None])
@@ -295,13 +327,14 @@ def _sparse_mla_combine_kernel(
     s = tl.arange(0, SPLITS_PAD)
     in_use = s < num_splits
     part = (t * num_splits + s[:, None]) * num_heads + heads[None, :]  # [SPLITS_PAD, BLOCK_HC]
+    d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
+    # Every load is issued before any is used: the partials do not wait behind the weights' math.
+    acc = tl.load(part_acc_ptr + part[:, :, None].to(tl.int64) * _D_CKV + d[None, None, :],
+                  mask=in_use[:, None, None], other=0.0)  # [SPLITS_PAD, BLOCK_HC, BLOCK_D]
     m = tl.load(part_m_ptr + part, mask=in_use[:, None], other=float("-inf"))
     l = tl.load(part_l_ptr + part, mask=in_use[:, None], other=0.0)
     m_all = tl.max(m, 0)
     w = tl.exp2(m - tl.where(m_all == float("-inf"), 0.0, m_all)[None, :])  # empty splits weigh 0
-    d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
-    acc = tl.load(part_acc_ptr + part[:, :, None].to(tl.int64) * _D_CKV + d[None, None, :],
-                  mask=in_use[:, None, None], other=0.0)  # [SPLITS_PAD, BLOCK_HC, BLOCK_D]
     out, lse = _finalize(tl.sum(w[:, :, None] * acc, 0), m_all, tl.sum(w * l, 0), sink_ptr, heads, has_sink,
                          lse_scale)
     tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + d[None, :], out.to(tl.bfloat16))
@@ -315,11 +348,11 @@ class Config:
     block_n: int  # gathered tokens per step
     num_warps: int
     num_stages: int
-    prefetch: bool = False  # FP8 kernel: double-buffer the next tile in registers by hand
+    prefetch: bool = False  # double-buffer the next tile in registers by hand
 
 
 def config(heads: int, fp8kv: bool) -> Config:
-    """Tile configuration per head count (register and shared-memory use read with cuobjdump
+    """Tile configuration per head count for grids that fill the GPU (register and shared-memory use read with cuobjdump
     from sm_90a builds of Triton 3.6). 64 heads x 64 tokens with 8 warps is the shape that
     reached 257 TFLOPS on the H200 (DESIGN.md), and the only one where Triton issues wgmma.
     Fewer heads keep the whole head axis in one program, as every extra head group re-gathers
@@ -331,6 +364,44 @@ def config(heads: int, fp8kv: bool) -> Config:
     if fp8kv:
         return Config(block_h=heads, block_n=32, num_warps=8, num_stages=2, prefetch=True)
     return Config(block_h=heads, block_n=64, num_warps=8, num_stages=2)
+
+
+# Grids under one wave at 16 heads with bf16 KV. A program's time is its chain of dependent loads
+# (indices, then rows), so below a full wave fewer, larger loads per program win (H200, h16 bf16,
+# full rows, triton-variants/configs.csv and prefetch.csv):
+# - small grids, where even one program per 64-token tile leaves over half of the SMs idle:
+#   32-token tiles, 4 warps, twice the splits. T=1 7.6 against 9.6 us, T=2 8.4 against 10.0;
+# - otherwise, while one program per 128-token tile fits in one wave: that one tile, all its rows
+#   requested at once (one stage: two of 108 KB do not fit). T=6 12.8 against 13.8, T=8 13.3 against
+#   14.0. Loading the next tile's rows by hand instead (prefetch) was slower: 15.1 and 15.3.
+# At 32 heads the 4-warp accumulator alone would take 128 registers a thread, and the 128-token tile
+# would not fit beside the 8-warp one.
+SMALL_GRID_HEADS = 16
+_SMALL_GRID = Config(block_h=SMALL_GRID_HEADS, block_n=32, num_warps=4, num_stages=2)
+_ONE_TILE = Config(block_h=SMALL_GRID_HEADS, block_n=128, num_warps=8, num_stages=1)
+# Triton 3.6 (the H200 image, where it was measured) builds the one-tile configuration in 233
+# registers; 3.7 and later spill it (544 bytes of stack at sm_90a), so they keep the 64-token tile.
+_ONE_TILE_BUILDS_CLEANLY = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
+
+
+def launch_config(num_tokens: int, heads: int, topk: int, fp8kv: bool, num_sms: int) -> Config:
+    """The configuration a launch uses: config(), or at 16 heads with bf16 KV one for grids under
+    one wave (above)."""
+    cfg = config(heads, fp8kv)
+    if fp8kv or heads != SMALL_GRID_HEADS:
+        return cfg
+    if num_tokens * triton.cdiv(topk, cfg.block_n) <= num_sms // 2:
+        return _SMALL_GRID
+    if _ONE_TILE_BUILDS_CLEANLY and num_tokens * triton.cdiv(topk, _ONE_TILE.block_n) <= num_sms:
+        return _ONE_TILE
+    return cfg
+
+
+def configs(heads: int, fp8kv: bool) -> list[Config]:
+    """Every configuration launch_config() can pick for this head count and KV form."""
+    if fp8kv or heads != SMALL_GRID_HEADS:
+        return [config(heads, fp8kv)]
+    return [config(heads, fp8kv), _SMALL_GRID] + ([_ONE_TILE] if _ONE_TILE_BUILDS_CLEANLY else [])
 
 
 # Per-program cost beyond its tiles (loading q, writing the partial), in tiles, for the split choice.
@@ -355,7 +426,9 @@ def combine_blocks(num_splits: int, heads: int) -> tuple[int, int]:
     """(SPLITS_PAD, BLOCK_HC) of the combine: splits padded to a power of two, then as many
     heads as fit in COMBINE_TILE."""
     splits_pad = max(2, triton.next_power_of_2(num_splits))
-    return splits_pad, min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
+    block_hc = min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
+    _check(block_hc >= 1, f"{num_splits} splits x {COMBINE_BLOCK_D} columns exceed the combine tile of {COMBINE_TILE}")
+    return splits_pad, block_hc
 
 
 @functools.lru_cache(maxsize=None)
@@ -474,7 +547,7 @@ def sparse_mla_attention(
     if num_tokens == 0:
         return
 
-    cfg = config(heads, fp8kv)
+    cfg = launch_config(num_tokens, heads, topk, fp8kv, _num_sms(device))
     splits = num_splits or num_splits_for(num_tokens, heads, topk, cfg, _num_sms(device))
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
     lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
@@ -486,7 +559,6 @@ def sparse_mla_attention(
     sink_arg = attn_sink if attn_sink is not None else lse
 
     kernel = _sparse_mla_fp8_kernel if fp8kv else _sparse_mla_bf16_kernel
-    variant = {"PREFETCH": cfg.prefetch} if fp8kv else {}
     kernel[(heads // cfg.block_h, splits, num_tokens)](
         q_nope, q_pe, ckv_arg, kpe_arg, sparse_indices, topk_length_arg, sink_arg,
         output, lse, part_acc, part_m, part_l,
@@ -494,7 +566,7 @@ def sparse_mla_attention(
         int(topk_length is not None), int(attn_sink is not None),
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
         sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING, **variant,
+        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PREFETCH=cfg.prefetch, UPCAST_DOT=INTERPRETING,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
@@ -508,16 +580,16 @@ def aot_specs() -> list[dict]:
     split_types = pointers + ["fp32", "fp32"] + ["i32"] * 15
     specs = []
     for heads in HEADS:
-        for fp8kv in (False, True):
-            cfg = config(heads, fp8kv)
+        for fp8kv, cfg in [(fp8kv, cfg) for fp8kv in (False, True) for cfg in configs(heads, fp8kv)]:
             kernel = _sparse_mla_fp8_kernel if fp8kv else _sparse_mla_bf16_kernel
             types = list(split_types)
             types[2:4] = ["*i8", "*i8"] if fp8kv else ["*bf16", "*bf16"]  # the two cache pointers
             constexprs = {"HEADS": heads, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "UPCAST_DOT": False,
-                          **({"PREFETCH": cfg.prefetch} if fp8kv else {})}
+                          "PREFETCH": cfg.prefetch}
             names = [n for n in kernel.arg_names if n not in constexprs]
             specs.append({
-                "name": f"sparse_mla_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}",
+                "name": f"sparse_mla_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}"
+                        + ("" if cfg == config(heads, fp8kv) else f"_n{cfg.block_n}w{cfg.num_warps}"),
                 "fn": kernel,
                 "signature": {**dict(zip(names, types, strict=True)), **{k: "constexpr" for k in constexprs}},
                 "constexprs": constexprs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,

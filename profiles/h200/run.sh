@@ -12,13 +12,15 @@
 #   bash profiles/h200/run.sh hopper-quick OUTDIR  # a Hopper kernel change: whole GPU suite, sanitizers, bench
 #   bash profiles/h200/run.sh hopper-dev OUTDIR    # a Hopper kernel change under way: its tests, sanitizers,
 #     bench against the previous build (.carry/hopper_b, here the old code rather than a variant)
+#   bash profiles/h200/run.sh triton-dev OUTDIR    # a Triton attention launcher change: its tests, sanitizers,
+#     contest + production against the previous launcher (.carry/triton_old), combine variants
 #   (builds are compared by attention/bench_builds.sh, one process per build)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODE=${1:?usage: run.sh check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev OUTDIR}
+MODE=${1:?usage: run.sh check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
 LOGS=$(mktemp -d)
@@ -92,6 +94,18 @@ elif [ "$MODE" = hopper-quick ]; then
   step pytest-gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests
   sanitize_hopper hopper-quick
   step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention"
+elif [ "$MODE" = triton-dev ]; then
+  # A Triton attention launcher change: its GPU tests, sanitizers on its split layouts, the contest
+  # and production shapes against the previous launcher (.carry/triton_old/old_sparse_mla.py, in the
+  # same process), the combine tile variants.
+  step pytest-attention 120 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention.py
+  step triton-memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    python3 $P/attention/sanitize_attention.py all
+  step triton-racecheck 90 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    python3 $P/attention/sanitize_attention.py contest small_grid
+  step old-vs-new 150 python3 $P/attention/bench_old_vs_new.py .carry/triton_old/old_sparse_mla.py \
+    "$P/attention/triton-dev"
+  step combine-variants 120 python3 $P/attention/triton_variants.py "$P/attention/triton-dev" combine
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev

@@ -34,7 +34,8 @@ NUM_PAGES = 8192
 # Measured on this H200 by `dsactl bench` (profiles/h200/bench-contest-attention.csv header).
 PEAK_TFLOPS = 787.2
 PEAK_GBPS = 4265.0
-PRODUCTION = [(16, 1), (16, 8), (64, 128), (128, 1), (128, 8), (128, 32), (128, 128)]  # (heads, tokens)
+PRODUCTION = [(16, 1), (16, 2), (16, 4), (16, 8), (16, 16), (64, 128), (128, 1), (128, 8), (128, 32),
+              (128, 128)]  # (heads, tokens)
 SWEEP = [(1, (8, 16, 32)), (2, (8, 16, 32)), (6, (11, 16, 22)), (8, (8, 16, 32))]  # h16 bf16: tokens, splits
 
 

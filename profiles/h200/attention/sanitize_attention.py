@@ -4,8 +4,9 @@
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 profiles/h200/attention/sanitize_attention.py contest
 
 Cases: the contest shape with the formula's splits (one wave, every program waits for its
-group), an FP8 variant with topk_length and sink on an odd split count, and a grid of many
-waves (the no-wait path of the fused combine). Exits 1 if an output misses the reference.
+group), an FP8 variant with topk_length and sink on an odd split count, a grid of many
+waves (the no-wait path of the fused combine), and two tokens at 16 heads (the small-grid
+configuration: 64 splits of one 32-token tile). Exits 1 if an output misses the reference.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ CASES = {  # name: (heads, suffix, tokens, pages, generator params, num_splits o
     "contest": (16, "", 8, 512, {"pattern": "tail", "valid": (2048, 1000, 5, 2048, 64, 2047, 700, 1)}, None),
     "fp8_variant": (128, "_fp8kv_lsee_topklen_sink", 4, 256, {"pattern": "scattered", "valid": (2048, 0, 3, 900)}, 7),
     "many_waves": (64, "", 40, 256, {"pattern": "full"}, 32),
+    "small_grid": (16, "_topklen", 2, 512, {"pattern": "scattered", "valid": (2048, 300)}, None),  # 64 splits of 32
 }
 
 

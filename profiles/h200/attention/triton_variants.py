@@ -1,6 +1,6 @@
 """Where the contest time of the sparse MLA Triton launcher goes, and which launch settings cut it.
 
-    python3 profiles/h200/attention/triton_variants.py OUTDIR
+    python3 profiles/h200/attention/triton_variants.py OUTDIR [breakdown] [combine] [configs] [prefetch]
 
 One process, bench's own timing (CUPTI kernel time summed over a call's launches, cold L2 before
 every call, median of ITERS), the checkout's launcher with its module settings swapped per
@@ -8,7 +8,9 @@ variant (and restored):
 1. breakdown.csv: every contest attention workload, the whole call and the split kernel alone
    (the combine launch skipped), so combine = whole - split;
 2. combine.csv: the contest suite with other combine tiles (COMBINE_BLOCK_D, COMBINE_WARPS);
-3. configs.csv: 16 heads bf16, full rows, T in (1, 2, 8): tile configurations x split counts.
+3. configs.csv: 16 heads bf16, full rows, T in (1, 2, 8): tile configurations x split counts;
+4. prefetch.csv: the same at T in (6, 8) for configurations that load the next tile's rows (and
+   the tile after next's ids) by hand, against the shipped one; kernels.csv: their registers.
 Every variant's output is compared with the shipped settings' output on the same inputs
 (max |difference|), so a variant that computes something else shows up.
 """
@@ -30,10 +32,17 @@ from dsactl.bench.timing import L2Flusher, pick_method  # noqa: E402
 from dsactl.kernels.attention import triton_sparse_mla as mla  # noqa: E402
 from dsactl.workloads import suite  # noqa: E402
 
-COMBINES = [(128, 4), (64, 4), (32, 4), (128, 8), (64, 8)]  # (COMBINE_BLOCK_D, COMBINE_WARPS)
+# (COMBINE_BLOCK_D, COMBINE_WARPS, COMBINE_TILE): the shipped one first
+COMBINES = [(mla.COMBINE_BLOCK_D, mla.COMBINE_WARPS, mla.COMBINE_TILE), (128, 4, 8192), (64, 4, 4096), (32, 4, 4096),
+            (32, 4, 2048)]
 CONFIG_TOKENS = (1, 2, 8)
 CONFIGS = [mla.Config(16, n, w, s) for n in (64, 32) for w in (8, 4) for s in (2, 1)]
 SPLITS = (8, 16, 32, 64)
+PREFETCH_TOKENS = (6, 8)
+PREFETCH_CONFIGS = [mla.config(16, False), mla.Config(16, 64, 8, 1, prefetch=True),
+                    mla.Config(16, 32, 8, 1, prefetch=True), mla.Config(16, 32, 4, 1, prefetch=True),
+                    mla.Config(16, 32, 8, 2, prefetch=True), mla.Config(16, 128, 8, 1)]
+PREFETCH_SPLITS = (8, 16, 32)
 
 
 @contextlib.contextmanager
@@ -69,7 +78,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
-def main(out: str) -> None:
+def main(out: str, parts: list[str]) -> None:
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     method, flusher = pick_method(), L2Flusher()
@@ -78,7 +87,7 @@ def main(out: str) -> None:
     prepared = [(w, *bo.prepared(w)) for w in contest]
 
     rows = []
-    for w, inputs, outputs in prepared:
+    for w, inputs, outputs in prepared if "breakdown" in parts else []:
         call = bo.launcher_call(mla, inputs, outputs, False)
         whole = bo.time_us(call, method, flusher)
         with settings(combine=lambda *a, **k: None):
@@ -87,55 +96,65 @@ def main(out: str) -> None:
                      "valid": int((inputs["sparse_indices"] >= 0).sum()), "whole_us": round(whole, 2),
                      "split_us": round(split, 2), "combine_us": round(whole - split, 2)})
         print(rows[-1], flush=True)
-    write_csv(out_dir / "breakdown.csv", rows)
+    if rows:
+        write_csv(out_dir / "breakdown.csv", rows)
 
     combine_rows = []
-    for w, inputs, outputs in prepared:
+    for w, inputs, outputs in prepared if "combine" in parts else []:
         call = bo.launcher_call(mla, inputs, outputs, False)
         ref = run(call, outputs)
-        for block_d, warps in COMBINES:
-            with settings(COMBINE_BLOCK_D=block_d, COMBINE_WARPS=warps):
+        for block_d, warps, tile in COMBINES:
+            with settings(COMBINE_BLOCK_D=block_d, COMBINE_WARPS=warps, COMBINE_TILE=tile):
                 got = run(call, outputs)
                 us = bo.time_us(call, method, flusher)
-            combine_rows.append({"workload": w.uuid, "block_d": block_d, "warps": warps, "us": round(us, 2),
+            combine_rows.append({"workload": w.uuid, "block_d": block_d, "warps": warps, "tile": tile,
+                                 "us": round(us, 2),
                                  "max_diff": diff(got, ref)})
-    write_csv(out_dir / "combine.csv", combine_rows)
-    print("\ncombine (BLOCK_D, warps): contest mean / max us, max diff")
-    for block_d, warps in COMBINES:
-        r = [x for x in combine_rows if (x["block_d"], x["warps"]) == (block_d, warps)]
-        print(f"  ({block_d:3d}, {warps}) {statistics.mean(x['us'] for x in r):6.2f} {max(x['us'] for x in r):6.2f}"
+    if combine_rows:
+        write_csv(out_dir / "combine.csv", combine_rows)
+    print("\ncombine (BLOCK_D, warps, tile): contest mean / max us, max diff")
+    for block_d, warps, tile in COMBINES if combine_rows else ():
+        r = [x for x in combine_rows if (x["block_d"], x["warps"], x["tile"]) == (block_d, warps, tile)]
+        print(f"  ({block_d:3d}, {warps}, {tile:4d}) {statistics.mean(x['us'] for x in r):6.2f} {max(x['us'] for x in r):6.2f}"
               f"  {max(x['max_diff'] for x in r):.3g}", flush=True)
 
     config_rows = []
-    for tokens in CONFIG_TOKENS:
+    sweeps = [(CONFIG_TOKENS, CONFIGS, SPLITS)] if "configs" in parts else []
+    sweeps += [(PREFETCH_TOKENS, PREFETCH_CONFIGS, PREFETCH_SPLITS)] if "prefetch" in parts else []
+    for tokens, cfgs, split_counts in [(t, c, s) for ts, c, s in sweeps for t in ts]:
         inputs, outputs = bo.prepared(bo.production_workload(16, tokens, False))
         ref = run(bo.launcher_call(mla, inputs, outputs, False), outputs)
-        for cfg in CONFIGS:
-            for splits in SPLITS:
+        for cfg in cfgs:
+            for splits in split_counts:
                 if splits * cfg.block_n > bo.TOPK:
                     continue
                 call = bo.launcher_call(mla, inputs, outputs, False, splits)
-                with settings(config=lambda h, f, cfg=cfg: cfg, MAX_SPLITS=64):
+                with settings(launch_config=lambda *args, cfg=cfg: cfg):
                     got = run(call, outputs)
                     us = bo.time_us(call, method, flusher)
                 config_rows.append({"tokens": tokens, "block_n": cfg.block_n, "warps": cfg.num_warps,
-                                    "stages": cfg.num_stages, "splits": splits, "us": round(us, 2),
+                                    "stages": cfg.num_stages, "prefetch": cfg.prefetch, "splits": splits,
+                                    "us": round(us, 2),
                                     "max_diff": diff(got, ref)})
                 print(config_rows[-1], flush=True)
-    write_csv(out_dir / "configs.csv", config_rows)
+    if config_rows:
+        write_csv(out_dir / ("configs.csv" if "configs" in parts else "prefetch.csv"), config_rows)
+        write_csv(out_dir / "kernels.csv", bo.kernel_rows(mla, "variants"))
 
     print("\nworkload                 T  valid  whole  split  combine")
     for r in rows:
         print(f"{r['workload']:22s} {r['tokens']:3d} {r['valid']:6d} {r['whole_us']:6.2f} {r['split_us']:6.2f} "
               f"{r['combine_us']:6.2f}")
-    print(f"contest mean {statistics.mean(r['whole_us'] for r in rows):.2f} us")
+    if rows:
+        print(f"contest mean {statistics.mean(r['whole_us'] for r in rows):.2f} us")
     print("\nh16 bf16 best per T:")
-    for tokens in CONFIG_TOKENS:
+    for tokens in sorted({r["tokens"] for r in config_rows}):
         best = sorted((r for r in config_rows if r["tokens"] == tokens), key=lambda r: r["us"])[:4]
         for r in best:
-            print(f"  T={tokens} N={r['block_n']} warps={r['warps']} stages={r['stages']} S={r['splits']}: "
+            print(f"  T={tokens} N={r['block_n']} warps={r['warps']} stages={r['stages']} prefetch={r['prefetch']} "
+                  f"S={r['splits']}: "
                   f"{r['us']} us (diff {r['max_diff']:.3g})")
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2:] or ["breakdown", "combine", "configs"])
