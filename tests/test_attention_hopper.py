@@ -223,7 +223,7 @@ def test_split_choice_fills_the_gpu_without_splitting_full_grids():
         for num_tokens in (1, 2, 6, 8):  # small batches: one wave of CTAs that keeps most SMs busy
             splits = hopper_mla.num_splits_for(num_tokens, heads, 2048, sms)
             ctas = num_tokens * groups_per_token * splits
-            most = num_tokens * groups_per_token * hopper_mla.MAX_SPLITS  # 32 blocks of 64 tokens
+            most = num_tokens * groups_per_token * (2048 // hopper_mla.BLOCK_TOKENS)  # a CTA per 64-token block
             assert min(sms // 2, most) <= ctas <= sms and 1 <= splits <= hopper_mla.MAX_SPLITS
         for num_tokens in (132, 256, 1024):  # the grid is full without splitting: no combine
             assert hopper_mla.num_splits_for(num_tokens, heads, 2048, sms) == 1
