@@ -197,14 +197,16 @@ def test_small_grids_at_16_heads_take_twice_the_splits_of_half_the_tiles():
 
 def test_grids_under_one_wave_at_16_heads_take_one_128_token_tile_where_it_builds_cleanly():
     sms = 132
+    assert tsm.num_splits_for(8, 16, 2048, tsm._ONE_TILE, sms) == 16  # 128 programs of one tile
+    assert tsm.num_splits_for(6, 16, 2048, tsm._ONE_TILE, sms) == 16  # 96 programs of one tile
+    assert tsm.launch_config(4, 16, 2048, False, sms) == tsm.config(16, False)  # 128 programs of 64 tokens
+    assert tsm.launch_config(9, 16, 2048, False, sms) == tsm.config(16, False)  # 144 tiles: over a wave
     one_tile = tsm.launch_config(8, 16, 2048, False, sms)
     if not tsm._ONE_TILE_BUILDS_CLEANLY:  # Triton >= 3.7 spills it: the 64-token tile stays
         assert one_tile == tsm.config(16, False) and len(tsm.configs(16, False)) == 2
         return
-    assert (one_tile.block_n, one_tile.num_stages) == (128, 1) and one_tile in tsm.configs(16, False)
-    assert tsm.num_splits_for(8, 16, 2048, one_tile, sms) == 16  # 128 programs of one tile
-    assert tsm.launch_config(6, 16, 2048, False, sms) == one_tile
-    assert tsm.launch_config(9, 16, 2048, False, sms) == tsm.config(16, False)  # 144 tiles: over a wave
+    assert one_tile == tsm._ONE_TILE and (one_tile.block_n, one_tile.num_stages) == (128, 1)
+    assert one_tile in tsm.configs(16, False) and tsm.launch_config(6, 16, 2048, False, sms) == one_tile
 
 
 def test_launcher_rejects_malformed_inputs():

@@ -371,7 +371,9 @@ def config(heads: int, fp8kv: bool) -> Config:
 # full rows, triton-variants/configs.csv and prefetch.csv):
 # - small grids, where even one program per 64-token tile leaves over half of the SMs idle:
 #   32-token tiles, 4 warps, twice the splits. T=1 7.6 against 9.6 us, T=2 8.4 against 10.0;
-# - otherwise, while one program per 128-token tile fits in one wave: that one tile, all its rows
+# - grids of one 64-token tile a program in one wave keep config() (T=4: 10.7 us, against 11.5 with
+#   half as many programs of one 128-token tile);
+# - beyond that, while one program per 128-token tile fits in one wave: that one tile, all its rows
 #   requested at once (one stage: two of 108 KB do not fit). T=6 12.8 against 13.8, T=8 13.3 against
 #   14.0. Loading the next tile's rows by hand instead (prefetch) was slower: 15.1 and 15.3.
 # At 32 heads the 4-warp accumulator alone would take 128 registers a thread, and the 128-token tile
@@ -390,9 +392,11 @@ def launch_config(num_tokens: int, heads: int, topk: int, fp8kv: bool, num_sms: 
     cfg = config(heads, fp8kv)
     if fp8kv or heads != SMALL_GRID_HEADS:
         return cfg
-    if num_tokens * triton.cdiv(topk, cfg.block_n) <= num_sms // 2:
+    programs_of_one_tile = num_tokens * triton.cdiv(topk, cfg.block_n)
+    if programs_of_one_tile <= num_sms // 2:
         return _SMALL_GRID
-    if _ONE_TILE_BUILDS_CLEANLY and num_tokens * triton.cdiv(topk, _ONE_TILE.block_n) <= num_sms:
+    if (_ONE_TILE_BUILDS_CLEANLY and programs_of_one_tile > num_sms
+            and num_tokens * triton.cdiv(topk, _ONE_TILE.block_n) <= num_sms):
         return _ONE_TILE
     return cfg
 
