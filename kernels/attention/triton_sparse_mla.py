@@ -372,12 +372,12 @@ def config(heads: int, fp8kv: bool) -> Config:
 # - small grids, where even one program per 64-token tile leaves over half of the SMs idle:
 #   32-token tiles, 4 warps, twice the splits. T=1 7.6 against 9.6 us, T=2 8.4 against 10.0;
 # - grids of one 64-token tile a program in one wave keep config() (T=4: 10.7 us, against 11.5 with
-#   half as many programs of one 128-token tile);
+#   half as many programs of one 128-token tile: triton-dev/old_vs_new-before_t4_rule.csv);
 # - beyond that, while one program per 128-token tile fits in one wave: that one tile, all its rows
 #   requested at once (one stage: two of 108 KB do not fit). T=6 12.8 against 13.8, T=8 13.3 against
 #   14.0. Loading the next tile's rows by hand instead (prefetch) was slower: 15.1 and 15.3.
-# At 32 heads the 4-warp accumulator alone would take 128 registers a thread, and the 128-token tile
-# would not fit beside the 8-warp one.
+# At 32 heads the 4-warp accumulator alone would take 128 registers a thread, and the one-tile
+# configuration (233 registers at 16 heads) has no room for the 32 more its accumulator would need.
 SMALL_GRID_HEADS = 16
 _SMALL_GRID = Config(block_h=SMALL_GRID_HEADS, block_n=32, num_warps=4, num_stages=2)
 _ONE_TILE = Config(block_h=SMALL_GRID_HEADS, block_n=128, num_warps=8, num_stages=1)
