@@ -127,23 +127,6 @@ def _write(acc, cols, m, l, t, split, heads, num_splits, has_sink, lse_scale, si
             tl.store(part_l_ptr + part, l)
 
 
-@triton.jit
-def _tile_ids(row_ptr, start, n_mine, num_splits, offs_n):
-    """The token ids of one tile of a split's positions (-1 past the split's share)."""
-    j = start + offs_n
-    return tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
-
-
-@triton.jit
-def _gather_bf16(ckv_ptr, kpe_ptr, idx, stride_ckv, stride_kpe, d, r):
-    """The ckv [N, 512] and kpe [N, 64] rows of token ids idx (zeros where idx < 0)."""
-    valid = idx >= 0
-    tok = idx.to(tl.int64)  # token ids times a row size overflow int32 on large caches
-    kv = tl.load(ckv_ptr + tok[:, None] * stride_ckv + d[None, :], mask=valid[:, None], other=0.0)
-    kpe = tl.load(kpe_ptr + tok[:, None] * stride_kpe + r[None, :], mask=valid[:, None], other=0.0)
-    return kv, kpe
-
-
 @triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
 def _sparse_mla_bf16_kernel(
     q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, indices_ptr, topk_length_ptr, sink_ptr,
@@ -151,8 +134,7 @@ def _sparse_mla_bf16_kernel(
     sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_ckv, stride_kpe, stride_idx_t,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
     """bf16 KV: ckv rows of 512 and kpe rows of 64 values, `stride_*` elements apart."""
     tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
@@ -175,24 +157,13 @@ def _sparse_mla_bf16_kernel(
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, _D_CKV], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    if PREFETCH:
-        # A tile's rows can be requested only once its ids have arrived: ids are loaded two tiles
-        # ahead and rows one tile ahead (into registers), so that neither waits inside the loop.
-        next_idx = _tile_ids(row_ptr, 0, n_mine, num_splits, offs_n)
-        next_kv, next_kpe = _gather_bf16(ckv_ptr, kpe_ptr, next_idx, stride_ckv, stride_kpe, d, r)
-        after_idx = _tile_ids(row_ptr, BLOCK_N, n_mine, num_splits, offs_n)
     for start in range(0, n_mine, BLOCK_N):
-        if PREFETCH:
-            idx, kv, kpe = next_idx, next_kv, next_kpe
-            next_kv, next_kpe = _gather_bf16(ckv_ptr, kpe_ptr, after_idx, stride_ckv, stride_kpe, d, r)
-            next_idx = after_idx
-            after_idx = _tile_ids(row_ptr, start + 2 * BLOCK_N, n_mine, num_splits, offs_n)
-        else:
-            idx = _tile_ids(row_ptr, start, n_mine, num_splits, offs_n)
-            kv, kpe = _gather_bf16(ckv_ptr, kpe_ptr, idx, stride_ckv, stride_kpe, d, r)
+        j = start + offs_n
+        idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
         valid = idx >= 0
-        kv = kv.to(dot_dtype)
-        kpe = kpe.to(dot_dtype)
+        tok = idx.to(tl.int64)  # token ids times a row size overflow int32 on large caches
+        kv = tl.load(ckv_ptr + tok[:, None] * stride_ckv + d[None, :], mask=valid[:, None], other=0.0).to(dot_dtype)
+        kpe = tl.load(kpe_ptr + tok[:, None] * stride_kpe + r[None, :], mask=valid[:, None], other=0.0).to(dot_dtype)
         s = tl.dot(q_pe, tl.trans(kpe), tl.dot(q_nope, tl.trans(kv)))
         m_i, alpha, p, l_i = _softmax_step(m_i, l_i, s, valid, sm_scale_log2)
         acc = tl.dot(p.to(dot_dtype), kv, acc * alpha[:, None])
@@ -328,7 +299,8 @@ def _sparse_mla_combine_kernel(
     in_use = s < num_splits
     part = (t * num_splits + s[:, None]) * num_heads + heads[None, :]  # [SPLITS_PAD, BLOCK_HC]
     d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
-    # Every load is issued before any is used: the partials do not wait behind the weights' math.
+    # Every load is issued before any is used, so the partials do not wait behind the weights' math:
+    # contest mean 10.07 against 10.31 us (triton-dev-combine-order/old_vs_new.csv).
     acc = tl.load(part_acc_ptr + part[:, :, None].to(tl.int64) * _D_CKV + d[None, None, :],
                   mask=in_use[:, None, None], other=0.0)  # [SPLITS_PAD, BLOCK_HC, BLOCK_D]
     m = tl.load(part_m_ptr + part, mask=in_use[:, None], other=float("-inf"))
@@ -348,12 +320,12 @@ class Config:
     block_n: int  # gathered tokens per step
     num_warps: int
     num_stages: int
-    prefetch: bool = False  # double-buffer the next tile in registers by hand
+    prefetch: bool = False  # FP8 kernel: double-buffer the next tile in registers by hand
 
 
 def config(heads: int, fp8kv: bool) -> Config:
-    """Tile configuration per head count for grids that fill the GPU (register and shared-memory use read with cuobjdump
-    from sm_90a builds of Triton 3.6). 64 heads x 64 tokens with 8 warps is the shape that
+    """Tile configuration per head count for grids that fill the GPU (register and shared-memory
+    use read with cuobjdump from sm_90a builds of Triton 3.6). 64 heads x 64 tokens with 8 warps is the shape that
     reached 257 TFLOPS on the H200 (DESIGN.md), and the only one where Triton issues wgmma.
     Fewer heads keep the whole head axis in one program, as every extra head group re-gathers
     the same KV rows. FP8 tiles are 32 tokens: at 64 the four scale-group accumulators spill
@@ -375,7 +347,8 @@ def config(heads: int, fp8kv: bool) -> Config:
 #   half as many programs of one 128-token tile: triton-dev/old_vs_new-before_t4_rule.csv);
 # - beyond that, while one program per 128-token tile fits in one wave: that one tile, all its rows
 #   requested at once (one stage: two of 108 KB do not fit). T=6 12.8 against 13.8, T=8 13.3 against
-#   14.0. Loading the next tile's rows by hand instead (prefetch) was slower: 15.1 and 15.3.
+#   14.0. Loading the next tile's rows by hand instead (a prefetch as the FP8 kernel's, ids two tiles
+#   ahead and rows one; commit 5300926) was slower: 15.1 and 15.3.
 # At 32 heads the 4-warp accumulator alone would take 128 registers a thread, and the one-tile
 # configuration (233 registers at 16 heads) has no room for the 32 more its accumulator would need.
 SMALL_GRID_HEADS = 16
@@ -431,7 +404,8 @@ def combine_blocks(num_splits: int, heads: int) -> tuple[int, int]:
     heads as fit in COMBINE_TILE."""
     splits_pad = max(2, triton.next_power_of_2(num_splits))
     block_hc = min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
-    _check(block_hc >= 1, f"{num_splits} splits x {COMBINE_BLOCK_D} columns exceed the combine tile of {COMBINE_TILE}")
+    _check(block_hc >= 1,
+           f"{num_splits} splits x {COMBINE_BLOCK_D} columns exceed the combine tile of {COMBINE_TILE} values")
     return splits_pad, block_hc
 
 
@@ -563,6 +537,7 @@ def sparse_mla_attention(
     sink_arg = attn_sink if attn_sink is not None else lse
 
     kernel = _sparse_mla_fp8_kernel if fp8kv else _sparse_mla_bf16_kernel
+    variant = {"PREFETCH": cfg.prefetch} if fp8kv else {}
     kernel[(heads // cfg.block_h, splits, num_tokens)](
         q_nope, q_pe, ckv_arg, kpe_arg, sparse_indices, topk_length_arg, sink_arg,
         output, lse, part_acc, part_m, part_l,
@@ -570,7 +545,7 @@ def sparse_mla_attention(
         int(topk_length is not None), int(attn_sink is not None),
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
         sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, PREFETCH=cfg.prefetch, UPCAST_DOT=INTERPRETING,
+        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING, **variant,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
@@ -584,12 +559,12 @@ def aot_specs() -> list[dict]:
     split_types = pointers + ["fp32", "fp32"] + ["i32"] * 15
     specs = []
     for heads in HEADS:
-        for fp8kv, cfg in [(fp8kv, cfg) for fp8kv in (False, True) for cfg in configs(heads, fp8kv)]:
+        for fp8kv, cfg in [(f, c) for f in (False, True) for c in configs(heads, f)]:
             kernel = _sparse_mla_fp8_kernel if fp8kv else _sparse_mla_bf16_kernel
             types = list(split_types)
             types[2:4] = ["*i8", "*i8"] if fp8kv else ["*bf16", "*bf16"]  # the two cache pointers
             constexprs = {"HEADS": heads, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "UPCAST_DOT": False,
-                          "PREFETCH": cfg.prefetch}
+                          **({"PREFETCH": cfg.prefetch} if fp8kv else {})}
             names = [n for n in kernel.arg_names if n not in constexprs]
             specs.append({
                 "name": f"sparse_mla_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}"

@@ -1,6 +1,6 @@
 """Where the contest time of the sparse MLA Triton launcher goes, and which launch settings cut it.
 
-    python3 profiles/h200/attention/triton_variants.py OUTDIR [breakdown] [combine] [configs] [prefetch]
+    python3 profiles/h200/attention/triton_variants.py OUTDIR [breakdown] [combine] [configs] [onetile]
 
 One process, bench's own timing (CUPTI kernel time summed over a call's launches, cold L2 before
 every call, median of ITERS), the checkout's launcher with its module settings swapped per
@@ -9,8 +9,9 @@ variant (and restored):
    (the combine launch skipped), so combine = whole - split;
 2. combine.csv: the contest suite with other combine tiles (COMBINE_BLOCK_D, COMBINE_WARPS);
 3. configs.csv: 16 heads bf16, full rows, T in (1, 2, 8): tile configurations x split counts;
-4. prefetch.csv: the same at T in (6, 8) for configurations that load the next tile's rows (and
-   the tile after next's ids) by hand, against the shipped one; kernels.csv: their registers.
+4. onetile.csv: the same at T in (6, 8), the 64-token tile against one 128-token tile a program;
+   kernels.csv: the registers of every configuration compiled. (prefetch.csv is this part as run at
+   commit 5300926, whose bf16 kernel could also load the next tile's rows by hand: prefetch=True.)
 Every variant's output is compared with the shipped settings' output on the same inputs
 (max |difference|), so a variant that computes something else shows up.
 """
@@ -38,11 +39,9 @@ COMBINES = [(mla.COMBINE_BLOCK_D, mla.COMBINE_WARPS, mla.COMBINE_TILE), (128, 4,
 CONFIG_TOKENS = (1, 2, 8)
 CONFIGS = [mla.Config(16, n, w, s) for n in (64, 32) for w in (8, 4) for s in (2, 1)]
 SPLITS = (8, 16, 32, 64)
-PREFETCH_TOKENS = (6, 8)
-PREFETCH_CONFIGS = [mla.config(16, False), mla.Config(16, 64, 8, 1, prefetch=True),
-                    mla.Config(16, 32, 8, 1, prefetch=True), mla.Config(16, 32, 4, 1, prefetch=True),
-                    mla.Config(16, 32, 8, 2, prefetch=True), mla.Config(16, 128, 8, 1)]
-PREFETCH_SPLITS = (8, 16, 32)
+ONE_TILE_TOKENS = (6, 8)
+ONE_TILE_CONFIGS = [mla.config(16, False), mla.Config(16, 128, 8, 1)]
+ONE_TILE_SPLITS = (8, 16, 32)
 
 
 @contextlib.contextmanager
@@ -120,7 +119,7 @@ def main(out: str, parts: list[str]) -> None:
 
     config_rows = []
     sweeps = [(CONFIG_TOKENS, CONFIGS, SPLITS)] if "configs" in parts else []
-    sweeps += [(PREFETCH_TOKENS, PREFETCH_CONFIGS, PREFETCH_SPLITS)] if "prefetch" in parts else []
+    sweeps += [(ONE_TILE_TOKENS, ONE_TILE_CONFIGS, ONE_TILE_SPLITS)] if "onetile" in parts else []
     for tokens, cfgs, split_counts in [(t, c, s) for ts, c, s in sweeps for t in ts]:
         inputs, outputs = bo.prepared(bo.production_workload(16, tokens, False))
         ref = run(bo.launcher_call(mla, inputs, outputs, False), outputs)
@@ -138,7 +137,7 @@ def main(out: str, parts: list[str]) -> None:
                                     "max_diff": diff(got, ref)})
                 print(config_rows[-1], flush=True)
     if config_rows:
-        write_csv(out_dir / ("configs.csv" if "configs" in parts else "prefetch.csv"), config_rows)
+        write_csv(out_dir / ("configs.csv" if "configs" in parts else "onetile.csv"), config_rows)
         write_csv(out_dir / "kernels.csv", bo.kernel_rows(mla, "variants"))
 
     print("\nworkload                 T  valid  whole  split  combine")
@@ -157,4 +156,4 @@ def main(out: str, parts: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2:] or ["breakdown", "combine", "configs"])
+    main(sys.argv[1], sys.argv[2:] or ["breakdown", "combine", "configs", "onetile"])
