@@ -113,10 +113,10 @@ def main(old_path: str, out: str) -> None:
         new_us = time_us(launcher_call(new, inputs, outputs, fp8), method, flusher)
         flops = 2 * tokens * heads * TOPK * (576 + 512)
         kv_bytes = tokens * TOPK * (656 if fp8 else 1152)
-        cfg = new.config(heads, fp8)
+        sms = torch.cuda.get_device_properties(0).multi_processor_count
+        cfg = new.launch_config(tokens, heads, TOPK, fp8, sms)
         row = {"group": group, "workload": w.uuid, "tokens": tokens, "heads": heads, "kv": "fp8" if fp8 else "bf16",
-               "splits": new.num_splits_for(tokens, heads, TOPK, cfg, torch.cuda.get_device_properties(0)
-                                            .multi_processor_count),
+               "splits": new.num_splits_for(tokens, heads, TOPK, cfg, sms),
                "old_us": round(old_us, 3), "new_us": round(new_us, 3), "speedup": round(old_us / new_us, 3),
                "new_tflops": round(flops / new_us / 1e6, 1),
                "new_pct_peak_flops": round(100 * flops / new_us / 1e6 / PEAK_TFLOPS, 1),
