@@ -34,8 +34,8 @@ from dsactl.kernels.attention import triton_sparse_mla as mla  # noqa: E402
 from dsactl.workloads import suite  # noqa: E402
 
 # (COMBINE_BLOCK_D, COMBINE_WARPS, COMBINE_TILE): the shipped one first
-COMBINES = [(mla.COMBINE_BLOCK_D, mla.COMBINE_WARPS, mla.COMBINE_TILE), (128, 4, 8192), (64, 4, 4096), (32, 4, 4096),
-            (32, 4, 2048)]
+COMBINES = [(mla.COMBINE_BLOCK_D, mla.COMBINE_WARPS, mla.COMBINE_TILE), (128, 4, 8192), (64, 4, 4096),
+            (32, 4, 4096), (32, 4, 2048)]
 CONFIG_TOKENS = (1, 2, 8)
 CONFIGS = [mla.Config(16, n, w, s) for n in (64, 32) for w in (8, 4) for s in (2, 1)]
 SPLITS = (8, 16, 32, 64)
