@@ -118,8 +118,10 @@ constexpr int kQOffset = 0;
 constexpr int kKOffset = kQOffset + kTileBytes;
 constexpr int kPOffset = kKOffset + kStages * kTileBytes;
 constexpr int kIdxOffset = kPOffset + kPBytes;                          // int [kStages][64]
-constexpr int kMaxOffset = kIdxOffset + kStages * kBlockTokens * 4;      // float [2][64] row maxima
-constexpr int kSumOffset = kMaxOffset + kConsumers * kHeadsPerCta * 4;   // float [2][64] row sums
+// Consumer 0 -> 1: float [2][64] rescale factors and [2][64] row sums, of which only [0] is used
+// since consumer 0 owns the softmax (sized per consumer as when both computed it; 512 bytes).
+constexpr int kScaleOffset = kIdxOffset + kStages * kBlockTokens * 4;
+constexpr int kSumOffset = kScaleOffset + kConsumers * kHeadsPerCta * 4;
 constexpr int kBarOffset = kSumOffset + kConsumers * kHeadsPerCta * 4;   // u64 full[2], empty[2]
 constexpr int kLayoutBytes = kBarOffset + 2 * kStages * 8;
 // The dynamic shared-memory base is only 16-byte aligned by the language: 1 KB of slack to align.
@@ -218,7 +220,7 @@ struct Smem {
   __device__ uint32_t idx_addr(int stage, int token) const {
     return base + kIdxOffset + (stage * kBlockTokens + token) * 4;
   }
-  __device__ float* row_max(int c) const { return reinterpret_cast<float*>(ptr + kMaxOffset) + c * kHeadsPerCta; }
+  __device__ float* row_scale(int c) const { return reinterpret_cast<float*>(ptr + kScaleOffset) + c * kHeadsPerCta; }
   __device__ float* row_sum(int c) const { return reinterpret_cast<float*>(ptr + kSumOffset) + c * kHeadsPerCta; }
   __device__ uint32_t full(int stage) const { return base + kBarOffset + stage * 8; }
   __device__ uint32_t empty(int stage) const { return base + kBarOffset + (kStages + stage) * 8; }
@@ -660,7 +662,7 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      if (rows.quad == 0) sm.row_max(0)[rows.r[i]] = alpha[i];
+      if (rows.quad == 0) sm.row_scale(0)[rows.r[i]] = alpha[i];
     }
     fence_proxy_async();  // st.shared (generic proxy) is read by consumer 1's wgmma (async proxy)
     named_barrier_arrive(kBarPReady, kConsumerThreads);
@@ -706,7 +708,7 @@ __device__ void consume_pv(const Params& p, const Smem& sm, const Work& w, uint3
     named_barrier_sync(kBarPReady, kConsumerThreads);
     float alpha[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) alpha[i] = sm.row_max(0)[rows.r[i]];
+    for (int i = 0; i < 2; ++i) alpha[i] = sm.row_scale(0)[rows.r[i]];
 #pragma unroll
     for (int n = 0; n < kColsPerConsumer / 8; ++n) {
 #pragma unroll
