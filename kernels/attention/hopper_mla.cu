@@ -653,11 +653,8 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
 #pragma unroll
     for (int kk = 0; kk < kPvSteps; ++kk) {
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-#pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          st_shared_b32(sm.p() + swizzled(rows.r[i], 2 * kk + h) + rows.quad * 4, pa[kk][2 * h + i]);
-        }
+      for (int f = 0; f < 4; ++f) {  // fragment register f: row r[f % 2], 8-token piece 2kk + f / 2
+        st_shared_b32(sm.p() + swizzled(rows.r[f % 2], 2 * kk + f / 2) + rows.quad * 4, pa[kk][f]);
       }
     }
 #pragma unroll
