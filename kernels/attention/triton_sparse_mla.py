@@ -325,8 +325,9 @@ class Config:
 
 def config(heads: int, fp8kv: bool) -> Config:
     """Tile configuration per head count for grids that fill the GPU (register and shared-memory
-    use read with cuobjdump from sm_90a builds of Triton 3.6). 64 heads x 64 tokens with 8 warps is the shape that
-    reached 257 TFLOPS on the H200 (DESIGN.md), and the only one where Triton issues wgmma.
+    use read with cuobjdump from sm_90a builds of Triton 3.6). 64 heads x 64 tokens with 8 warps
+    is the shape that reached 257 TFLOPS on the H200 (DESIGN.md), and the only one where Triton
+    issues wgmma.
     Fewer heads keep the whole head axis in one program, as every extra head group re-gathers
     the same KV rows. FP8 tiles are 32 tokens: at 64 the four scale-group accumulators spill
     (440 bytes of stack at 64 heads), and under 64 heads the hand-prefetched next tile would not
@@ -525,8 +526,9 @@ def sparse_mla_attention(
     if num_tokens == 0:
         return
 
-    cfg = launch_config(num_tokens, heads, topk, fp8kv, _num_sms(device))
-    splits = num_splits or num_splits_for(num_tokens, heads, topk, cfg, _num_sms(device))
+    num_sms = _num_sms(device)
+    cfg = launch_config(num_tokens, heads, topk, fp8kv, num_sms)
+    splits = num_splits or num_splits_for(num_tokens, heads, topk, cfg, num_sms)
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
     lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
     # splits == 1: the program writes the final output; the partial pointers are never read.
