@@ -39,8 +39,10 @@ constexpr int kScatterMinCluster = 8;
 constexpr int kReducedBytes = kBins / kScatterMinCluster * 4;  // this CTA's slice of the cluster's sum
 constexpr int kFixedDynamicSmem = kHistBytes + kReducedBytes + kMaxPageCache * 4;
 constexpr int kStaticSmemReserve = 1024;             // Scratch (checked below) within the per-block opt-in limit
-static_assert(kMaxPageCache % 4 == 0 && kReducedBytes % 16 == 0, "the region after the staged pages stays 16-byte aligned");
-static_assert(kMaxCluster <= kBins / 2 && kBins / kScatterMinCluster <= kThreads, "a reduce-scatter slice is at most one bin a thread");
+static_assert(kMaxPageCache % 4 == 0 && kReducedBytes % 16 == 0,
+              "the region after the staged pages stays 16-byte aligned");
+static_assert(kMaxCluster <= kBins / 2 && kBins / kScatterMinCluster <= kThreads,
+              "a reduce-scatter slice is at most one bin a thread");
 
 // Block-uniform state shared by the threads of one CTA.
 struct Scratch {

@@ -49,7 +49,9 @@ struct Bf16 {
     return k - 0x007fu > 0xff80u - 0x007fu ? kNanKey : k;
   }
   __device__ static uint32_t lane(const uint4& v, int j) { return ((&v.x)[j >> 1] >> ((j & 1) * 16)) & 0xffffu; }
-  __device__ static void set_lane(uint4& v, int j, Raw x) { (&v.x)[j >> 1] |= static_cast<uint32_t>(x) << ((j & 1) * 16); }
+  __device__ static void set_lane(uint4& v, int j, Raw x) {
+    (&v.x)[j >> 1] |= static_cast<uint32_t>(x) << ((j & 1) * 16);
+  }
 };
 
 // Level l refines the key bits [shift(l), shift(l - 1)), most significant first.

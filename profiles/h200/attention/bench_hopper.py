@@ -115,7 +115,8 @@ def main(out: str, sweep: bool) -> None:
                    "hopper_splits": hopper_mla.num_splits_for(tokens, heads, TOPK, num_sms),
                    "hopper_us": round(hopper_us, 2), "triton_us": round(triton_us, 2),
                    "speedup_vs_triton": round(triton_us / hopper_us, 3),
-                   "hopper_tflops": round(flops / hopper_us / 1e6, 1), "triton_tflops": round(flops / triton_us / 1e6, 1),
+                   "hopper_tflops": round(flops / hopper_us / 1e6, 1),
+                   "triton_tflops": round(flops / triton_us / 1e6, 1),
                    "flashmla_us_issue7": flashmla if flashmla else ""}
             rows.append(row)
             print(" ".join(f"{k}={v}" for k, v in row.items()), flush=True)

@@ -38,7 +38,8 @@ def run(case: str) -> bool:
     definition = f"dsa_sparse_attention_h{heads}_ckv512_kpe64_topk{topk}_ps64{suffix}"
     d = get(definition)
     w = Workload(f"check-{case}", definition, "check", "check", {"num_tokens": tokens, "num_pages": NUM_PAGES},
-                 {"pattern": pattern, "valid": [topk * 3 // 4] * tokens} if pattern == "scattered" else {"pattern": pattern})
+                 {"pattern": pattern, "valid": [topk * 3 // 4] * tokens} if pattern == "scattered"
+                 else {"pattern": pattern})
     inputs = make_inputs(w, "cuda", 1)
     outputs = d.allocate_outputs(d.check_inputs(inputs), torch.device("cuda"))
     poison(outputs)

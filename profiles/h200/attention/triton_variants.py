@@ -114,7 +114,8 @@ def main(out: str, parts: list[str]) -> None:
     print("\ncombine (BLOCK_D, warps, tile): contest mean / max us, max diff")
     for block_d, warps, tile in COMBINES if combine_rows else ():
         r = [x for x in combine_rows if (x["block_d"], x["warps"], x["tile"]) == (block_d, warps, tile)]
-        print(f"  ({block_d:3d}, {warps}, {tile:4d}) {statistics.mean(x['us'] for x in r):6.2f} {max(x['us'] for x in r):6.2f}"
+        print(f"  ({block_d:3d}, {warps}, {tile:4d}) {statistics.mean(x['us'] for x in r):6.2f} "
+              f"{max(x['us'] for x in r):6.2f}"
               f"  {max(x['max_diff'] for x in r):.3g}", flush=True)
 
     config_rows = []
