@@ -27,10 +27,7 @@ LOGS=$(mktemp -d)
 mkdir -p "$OUT" "$P"
 export PYTHONUNBUFFERED=1 COLUMNS=200 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 DSACTL="python3 -m dsactl"
-if ls .carry/cupti_python-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-deps --no-index --target /tmp/cupti .carry/cupti_python-*.whl >/dev/null 2>&1 &&
-    export PYTHONPATH=/tmp/cupti${PYTHONPATH:+:$PYTHONPATH}
-fi
+. profiles/h200/cupti_env.sh
 
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to profiles/h200/logs-MODE-NAME.txt
   local name=$1 limit=$2; shift 2

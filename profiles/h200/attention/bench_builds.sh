@@ -11,10 +11,7 @@ set -uo pipefail
 OUT=${1:?usage: bench_builds.sh OUTDIR NAME=LIB.so ...}; shift
 P=profiles/h200/attention
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
-if ls .carry/cupti_python-*.whl >/dev/null 2>&1; then  # CUPTI timing, as run.sh
-  python3 -m pip install -q --no-deps --no-index --target /tmp/cupti .carry/cupti_python-*.whl >/dev/null 2>&1 &&
-    export PYTHONPATH=/tmp/cupti:$PYTHONPATH
-fi
+. profiles/h200/cupti_env.sh
 LIB=build/sm90a/libhopper_mla.so
 cp "$LIB" /tmp/libhopper_mla.shipped.so
 names=()

@@ -20,8 +20,7 @@ fi
 OUT=${2:?OUT}
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1
-python3 -m pip install -q --no-deps --no-index --target /tmp/cupti .carry/cupti_python-*.whl >/dev/null 2>&1 &&
-  export PYTHONPATH=/tmp/cupti
+. profiles/h200/cupti_env.sh
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}  # the scripts import dsactl from the checkout
 # The solution calls the CUDA top-k: its build must match the sources that travelled (kernels/topk is
 # edited concurrently), else it is rebuilt here.

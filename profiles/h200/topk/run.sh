@@ -10,8 +10,7 @@ OUT=${1:?usage: run.sh OUTDIR}
 LOGS=$(mktemp -d)/logs
 mkdir -p "$LOGS"
 export PYTHONUNBUFFERED=1 COLUMNS=200
-python3 -m pip install -q --no-deps --no-index --target /tmp/cupti .carry/cupti_python-*.whl >/dev/null 2>&1 &&
-  export PYTHONPATH=/tmp/cupti${PYTHONPATH:+:$PYTHONPATH}
+. profiles/h200/cupti_env.sh
 V=.carry/topk
 T=profiles/h200/topk
 nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv,noheader
