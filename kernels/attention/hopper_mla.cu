@@ -938,7 +938,9 @@ const char* dsa_hopper_mla_error_string(int code) {
   switch (code) {
     case kOk: return "ok";
     case kBadShape:
-      return "heads must be 64 or 128, topk a multiple of 64 in [64, 2048], num_splits in [1, 32], tokens <= 65535";
+      static_assert(kBlockTokens == 64 && kMaxTopk == 2048 && kMaxSplits == 64 && kMaxTokens == 65535,
+                    "the message below spells these limits out");
+      return "heads must be 64 or 128, topk a multiple of 64 in [64, 2048], num_splits in [1, 64], tokens <= 65535";
     case kBadAlignment: return "pointers must be 16-byte aligned and row strides multiples of 8 elements";
     case kNullPointer: return "null device pointer";
     case kUnsupportedArch: return "the Hopper sparse MLA kernel runs only on compute capability 9.0 (sm_90a)";

@@ -84,10 +84,21 @@ def check_arch(device: torch.device) -> None:
            f"use the Triton kernel (dsactl.kernels.attention.triton_sparse_mla)")
 
 
+# A CTA's fp32 partial (64 heads x 512 values, 128 KB) written and read back by the combine costs
+# about PARTIAL_TILES tiles spread over the SMs. Fitted to the split sweep (H200, combine with the
+# splits reduced in registers; profiles/h200/attention/split_sweep_hopper.csv, 26 shapes): values
+# from 2.1 to 3 pick the fastest measured count within 0.25 us on all but h64 T=8 and h128 T=4
+# bf16 (0.8 and 0.5 us off, where FP8 prefers the count picked by 3.1 and 1.6 us); 1.8 us lost in
+# all against 10.1 without the term, which gave h128 T=2 and h64 T=4 32 splits (17.1 us against
+# 14.2 and 14.1). Above 3.2, h64 T=8 and h128 T=4 get 11 splits, never measured.
+PARTIAL_TILES = 3.0
+
+
 def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
     """Splits per (token, head group): the Triton kernel's formula (the count that minimizes the
-    busiest SM's work, one CTA per SM at a time) with this kernel's 64 x 64 tile."""
-    return tsm.num_splits_for(num_tokens, heads, topk, TILE, num_sms)
+    busiest SM's work, one CTA per SM at a time) with this kernel's 64 x 64 tile and the cost of
+    its partials."""
+    return tsm.num_splits_for(num_tokens, heads, topk, TILE, num_sms, PARTIAL_TILES)
 
 
 @lru_cache(maxsize=None)

@@ -1,6 +1,6 @@
 """Where the contest time of the sparse MLA Triton launcher goes, and which launch settings cut it.
 
-    python3 profiles/h200/attention/triton_variants.py OUTDIR [breakdown] [combine] [configs] [onetile]
+    python3 profiles/h200/attention/triton_variants.py OUTDIR [breakdown] [combine] [configs] [onetile] [production]
 
 One process, bench's own timing (CUPTI kernel time summed over a call's launches, cold L2 before
 every call, median of ITERS), the checkout's launcher with its module settings swapped per
@@ -12,6 +12,9 @@ variant (and restored):
 4. onetile.csv: the same at T in (6, 8), the 64-token tile against one 128-token tile a program;
    kernels.csv: the registers of every configuration compiled. (prefetch.csv is this part as run at
    commit 5300926, whose bf16 kernel could also load the next tile's rows by hand: prefetch=True.)
+5. production.csv: 64 and 128 heads, bf16 and FP8 KV, full rows, T in PRODUCTION_TOKENS: the shipped
+   configuration against PRODUCTION_CONFIGS (pipeline depth, FP8 tile), each with its own split count;
+6. stages.csv: the contest suite with the 16-head tiles one pipeline stage deeper (CONTEST_STAGES).
 Every variant's output is compared with the shipped settings' output on the same inputs
 (max |difference|), so a variant that computes something else shows up.
 """
@@ -33,6 +36,8 @@ from dsactl.bench.timing import L2Flusher, pick_method  # noqa: E402
 from dsactl.kernels.attention import triton_sparse_mla as mla  # noqa: E402
 from dsactl.workloads import suite  # noqa: E402
 
+base_config = mla.config
+
 # (COMBINE_BLOCK_D, COMBINE_WARPS, COMBINE_TILE): the shipped one first
 COMBINES = [(mla.COMBINE_BLOCK_D, mla.COMBINE_WARPS, mla.COMBINE_TILE), (128, 4, 8192), (64, 4, 4096),
             (32, 4, 4096), (32, 4, 2048)]
@@ -42,6 +47,12 @@ SPLITS = (8, 16, 32, 64)
 ONE_TILE_TOKENS = (6, 8)
 ONE_TILE_CONFIGS = [mla.config(16, False), mla.Config(16, 128, 8, 1)]
 ONE_TILE_SPLITS = (8, 16, 32)
+# Contest variants: (name, 64-token config stages, small-grid config stages); the shipped one first.
+CONTEST_STAGES = [("shipped", 2, 2), ("n64_3", 3, 2), ("small_3", 2, 3), ("both_3", 3, 3)]
+PRODUCTION_TOKENS = (1, 8, 32, 128)
+# (block_n, warps, stages) tried at 64 and 128 heads. With its strides known to be multiples of 16
+# (as the JIT specializes them) Triton 3.6 turns the bf16 row gather into cp.async only at 3 stages.
+PRODUCTION_CONFIGS = {False: [(64, 8, 3), (64, 8, 4)], True: [(32, 8, 3), (32, 8, 4), (64, 8, 3)]}
 
 
 @contextlib.contextmanager
@@ -141,6 +152,54 @@ def main(out: str, parts: list[str]) -> None:
         write_csv(out_dir / ("configs.csv" if "configs" in parts else "onetile.csv"), config_rows)
         write_csv(out_dir / "kernels.csv", bo.kernel_rows(mla, "variants"))
 
+    stage_rows = []
+    for w, inputs, outputs in prepared if "stages" in parts else []:
+        call = bo.launcher_call(mla, inputs, outputs, False)
+        ref = run(call, outputs)
+        base, small = mla.config(16, False), mla._SMALL_GRID
+        for name, n64, nsmall in CONTEST_STAGES:
+            def config(heads, fp8kv, n64=n64):
+                cfg = base_config(heads, fp8kv)
+                return mla.Config(cfg.block_h, cfg.block_n, cfg.num_warps, n64) if cfg == base else cfg
+            small_cfg = mla.Config(small.block_h, small.block_n, small.num_warps, nsmall)
+            with settings(config=config, _SMALL_GRID=small_cfg):
+                got = run(call, outputs)
+                us = bo.time_us(call, method, flusher)
+            stage_rows.append({"workload": w.uuid, "tokens": inputs["q_nope"].shape[0], "variant": name,
+                               "us": round(us, 2), "max_diff": diff(got, ref)})
+            print(stage_rows[-1], flush=True)
+    if stage_rows:
+        write_csv(out_dir / "stages.csv", stage_rows)
+    for name, *_ in CONTEST_STAGES if stage_rows else ():
+        r = [x for x in stage_rows if x["variant"] == name]
+        print(f"contest {name:8s} mean {statistics.mean(x['us'] for x in r):.3f} max {max(x['us'] for x in r):.2f} "
+              f"diff {max(x['max_diff'] for x in r):.3g}", flush=True)
+
+    production_rows = []
+    cases = [(h, f, t) for h in (64, 128) for f in (False, True) for t in PRODUCTION_TOKENS]
+    for heads, fp8, tokens in cases if "production" in parts else []:
+        inputs, outputs = bo.prepared(bo.production_workload(heads, tokens, fp8))
+        call = bo.launcher_call(mla, inputs, outputs, fp8)
+        ref = run(call, outputs)
+        shipped = mla.config(heads, fp8)
+        variants = [shipped] + [mla.Config(64, n, w, st) for n, w, st in PRODUCTION_CONFIGS[fp8]]
+        for cfg in variants:
+            with settings(launch_config=lambda *args, cfg=cfg: cfg):
+                got = run(call, outputs)
+                us = bo.time_us(call, method, flusher)
+            flops = 2 * tokens * heads * bo.TOPK * (576 + 512)
+            production_rows.append({"heads": heads, "kv": "fp8" if fp8 else "bf16", "tokens": tokens,
+                                    "block_n": cfg.block_n, "warps": cfg.num_warps, "stages": cfg.num_stages,
+                                    "shipped": cfg == shipped,
+                                    "splits": mla.num_splits_for(tokens, heads, bo.TOPK, cfg, mla._num_sms(
+                                        inputs["q_nope"].device)),
+                                    "us": round(us, 2), "tflops": round(flops / us / 1e6, 1),
+                                    "max_diff": diff(got, ref)})
+            print(production_rows[-1], flush=True)
+    if production_rows:
+        write_csv(out_dir / "production.csv", production_rows)
+        write_csv(out_dir / "kernels-production.csv", bo.kernel_rows(mla, "production"))
+
     print("\nworkload                 T  valid  whole  split  combine")
     for r in rows:
         print(f"{r['workload']:22s} {r['tokens']:3d} {r['valid']:6d} {r['whole_us']:6.2f} {r['split_us']:6.2f} "
@@ -154,6 +213,13 @@ def main(out: str, parts: list[str]) -> None:
             print(f"  T={tokens} N={r['block_n']} warps={r['warps']} stages={r['stages']} prefetch={r['prefetch']} "
                   f"S={r['splits']}: "
                   f"{r['us']} us (diff {r['max_diff']:.3g})")
+
+
+    print("\nproduction: heads kv T, then us per (block_n, warps, stages); * = shipped")
+    for heads, kv, tokens in dict.fromkeys((r["heads"], r["kv"], r["tokens"]) for r in production_rows):
+        r = [x for x in production_rows if (x["heads"], x["kv"], x["tokens"]) == (heads, kv, tokens)]
+        print(f"  h{heads} {kv} T={tokens:3d}: " + "  ".join(
+            f"{'*' if x['shipped'] else ''}({x['block_n']},{x['warps']},{x['stages']}) {x['us']}" for x in r))
 
 
 if __name__ == "__main__":
