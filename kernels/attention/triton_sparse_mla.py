@@ -52,10 +52,10 @@ H200_NUM_SMS = 132
 # each split one 32-token tile (the small-grid configuration's); more would spend more on the
 # combine than they save.
 MAX_SPLITS = 64
-# A combine program reduces a [splits, heads, COMBINE_BLOCK_D] block of partials of at most
+# A combine program reduces a [heads, splits, COMBINE_BLOCK_D] block of partials of at most
 # COMBINE_TILE fp32 values (32 KB: 64 registers a thread with 4 warps); fewer splits, more heads.
-# 64 columns rather than 128: the contest suite's mean 11.1 against 12.2 us, max 14.1 against 15.0
-# (H200, profiles/h200/attention/triton-variants/combine.csv); 32 columns: 11.7.
+# Contest suite mean (H200, profiles/h200/attention/session7/combine-tiles.csv): 64 columns 9.22 us,
+# 128 columns 9.52, 32 columns 9.47; 64 columns with a 4096-value tile 9.68.
 COMBINE_BLOCK_D = 64
 COMBINE_TILE = 8192
 COMBINE_WARPS = 4

@@ -12,6 +12,8 @@
 #   bash profiles/h200/run.sh hopper-quick OUTDIR  # a Hopper kernel change: whole GPU suite, sanitizers, bench
 #   bash profiles/h200/run.sh hopper-dev OUTDIR    # a Hopper kernel change under way: its tests, sanitizers,
 #     bench against the previous build (.carry/hopper_b, here the old code rather than a variant)
+#   bash profiles/h200/run.sh attention OUTDIR     # a change both attention kernels share (the combine, the
+#     split choice): every GPU test, the contest bench, Hopper vs Triton, sanitizers, verify
 #   bash profiles/h200/run.sh triton-dev OUTDIR    # a Triton attention launcher change: its tests, sanitizers,
 #     contest + production against the previous launcher (.carry/triton_old), combine variants
 #   (builds are compared by attention/bench_builds.sh, one process per build)
@@ -20,7 +22,7 @@
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODE=${1:?usage: run.sh check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev OUTDIR}
+MODE=${1:?usage: run.sh check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
 LOGS=$(mktemp -d)
@@ -103,6 +105,23 @@ elif [ "$MODE" = triton-dev ]; then
   step old-vs-new 150 python3 $P/attention/bench_old_vs_new.py .carry/triton_old/old_sparse_mla.py \
     "$P/attention/triton-dev"
   step combine-variants 120 python3 $P/attention/triton_variants.py "$P/attention/triton-dev" combine
+elif [ "$MODE" = attention ]; then
+  # Steps in order of what a cut-off run can least afford to lose.
+  step pytest-gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  step bench-contest-attention 60 $DSACTL bench --suite contest -d 'dsa_sparse_attention*' --trials 2 --iters 20 \
+    --csv "$P/bench-contest-attention.csv" --plot "$P/plots-contest-attention"
+  step bench-hopper 120 python3 $P/attention/bench_hopper.py "$P/attention"
+  step triton-memcheck 90 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    python3 $P/attention/sanitize_attention.py all
+  step triton-racecheck 90 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    python3 $P/attention/sanitize_attention.py contest small_grid fp8_variant
+  step verify-contest-attention 80 $DSACTL verify --suite contest -d 'dsa_sparse_attention*' --trials 1 \
+    --json "$P/verify-contest-attention.json"
+  step verify-hopper 60 $DSACTL verify --suite all -d 'dsa_sparse_attention_h*' --trials 1 \
+    -s dsactl-attention-hopper -s dsactl-attention-hopper-lsee -s dsactl-attention-hopper-fp8kv \
+    --json "$P/attention/verify-hopper.json"
+  step hopper-memcheck 50 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    python3 $P/attention/hopper_check.py 128-256-2-fp8-3-scattered 64-128-1-bf16-1-full
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev

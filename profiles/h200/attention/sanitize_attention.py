@@ -3,10 +3,10 @@
     compute-sanitizer --tool memcheck --error-exitcode 1 python3 profiles/h200/attention/sanitize_attention.py all
     compute-sanitizer --tool racecheck --error-exitcode 1 python3 profiles/h200/attention/sanitize_attention.py contest
 
-Cases: the contest shape with the formula's splits (one wave, every program waits for its
-group), an FP8 variant with topk_length and sink on an odd split count, a grid of many
-waves (the no-wait path of the fused combine), and two tokens at 16 heads (the small-grid
-configuration: 64 splits of one 32-token tile). Exits 1 if an output misses the reference.
+Cases: the contest shape with the formula's splits (one wave), an FP8 variant at 128 heads with
+topk_length and sink on an odd split count (the combine's 8 x 16-head tiles), a grid of many
+waves (64 heads, 32 splits), and two tokens at 16 heads (the small-grid configuration: 64
+splits of one 32-token tile). Exits 1 if an output misses the reference.
 """
 
 from __future__ import annotations

@@ -14,7 +14,9 @@ variant (and restored):
    commit 5300926, whose bf16 kernel could also load the next tile's rows by hand: prefetch=True.)
 5. production.csv: 64 and 128 heads, bf16 and FP8 KV, full rows, T in PRODUCTION_TOKENS: the shipped
    configuration against PRODUCTION_CONFIGS (pipeline depth, FP8 tile), each with its own split count;
-6. stages.csv: the contest suite with the 16-head tiles one pipeline stage deeper (CONTEST_STAGES).
+6. stages.csv: the contest suite with the 16-head tiles one pipeline stage deeper (CONTEST_STAGES);
+7. production_splits.csv: the shipped configuration at 64 and 128 heads at every split count in
+   PRODUCTION_SPLITS, for the token counts where the formula splits (PRODUCTION_SPLIT_TOKENS).
 Every variant's output is compared with the shipped settings' output on the same inputs
 (max |difference|), so a variant that computes something else shows up.
 """
@@ -50,6 +52,8 @@ ONE_TILE_SPLITS = (8, 16, 32)
 # Contest variants: (name, 64-token config stages, small-grid config stages); the shipped one first.
 CONTEST_STAGES = [("shipped", 2, 2), ("n64_3", 3, 2), ("small_3", 2, 3), ("both_3", 3, 3)]
 PRODUCTION_TOKENS = (1, 8, 32, 128)
+PRODUCTION_SPLIT_TOKENS = (2, 4, 8, 16, 32, 64)
+PRODUCTION_SPLITS = (1, 2, 4, 8, 16, 32)
 # (block_n, warps, stages) tried at 64 and 128 heads. With its strides known to be multiples of 16
 # (as the JIT specializes them) Triton 3.6 turns the bf16 row gather into cp.async only at 3 stages.
 PRODUCTION_CONFIGS = {False: [(64, 8, 3), (64, 8, 4)], True: [(32, 8, 3), (32, 8, 4), (64, 8, 3)]}
@@ -199,6 +203,23 @@ def main(out: str, parts: list[str]) -> None:
     if production_rows:
         write_csv(out_dir / "production.csv", production_rows)
         write_csv(out_dir / "kernels-production.csv", bo.kernel_rows(mla, "production"))
+
+    split_rows = []
+    cases = [(h, f, t) for h in (64, 128) for f in (False, True) for t in PRODUCTION_SPLIT_TOKENS]
+    for heads, fp8, tokens in cases if "production_splits" in parts else []:
+        inputs, outputs = bo.prepared(bo.production_workload(heads, tokens, fp8))
+        formula = mla.num_splits_for(tokens, heads, bo.TOPK, mla.config(heads, fp8), mla._num_sms(
+            inputs["q_nope"].device))
+        for splits in PRODUCTION_SPLITS:
+            us = bo.time_us(bo.launcher_call(mla, inputs, outputs, fp8, splits), method, flusher)
+            split_rows.append({"heads": heads, "kv": "fp8" if fp8 else "bf16", "tokens": tokens, "splits": splits,
+                               "formula": splits == formula, "us": round(us, 2)})
+        print(f"h{heads} {'fp8' if fp8 else 'bf16'} T={tokens}: " + " ".join(
+            f"{'*' if r['formula'] else ''}S{r['splits']}={r['us']}" for r in split_rows[-len(PRODUCTION_SPLITS):]),
+            flush=True)
+        del inputs, outputs
+    if split_rows:
+        write_csv(out_dir / "production_splits.csv", split_rows)
 
     print("\nworkload                 T  valid  whole  split  combine")
     for r in rows:
