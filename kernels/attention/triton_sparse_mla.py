@@ -397,7 +397,11 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
     waves = ceil(programs / SMs), one program per SM at a time (the large configurations fill an
     SM's shared memory), and the last term (with more than one split) is the partials' write and
     combine read, partial_tiles tiles a program spread over the SMs; ties go to fewer splits (less
-    combine). Contest T=8 at 16 heads: 16 splits, 128 programs of 2 tiles; 128 heads at T=128: 1 split."""
+    combine). This launcher leaves partial_tiles at 0: without it its picks were the fastest of 1-32
+    splits at 23 of 24 64/128-head shapes (T=2-64; the 24th, h64 FP8 T=2, takes 64 splits, outside that
+    sweep: profiles/h200/attention/session7/triton-production-splits.csv). The Hopper kernel's larger
+    partials need it (hopper_mla.PARTIAL_TILES).
+    Contest T=8 at 16 heads: 16 splits, 128 programs of 2 tiles; 128 heads at T=128: 1 split."""
     tiles = triton.cdiv(topk, cfg.block_n)
     rows = num_tokens * (heads // cfg.block_h)
 
