@@ -1,7 +1,9 @@
 """Ahead-of-time Triton: compile every configuration that kernel modules ship, for one arch.
 
 A module under dsactl.kernels that ships configurations defines `aot_specs() -> list[dict]`
-with exactly the keys of SPEC_KEYS. Each configuration compiles (no GPU needed) to
+with exactly the keys of SPEC_KEYS. A signature type may end in `:16` (as in Triton's own AOT
+tool): the argument is a multiple of 16 in the calls the configuration is built for, the
+specialization the JIT makes for such a value. Each configuration compiles (no GPU needed) to
 build/<arch>/triton/<stage.module>/<name>.cubin with its ptxas log and a record of its
 resources; the record's fingerprint (Triton version, arch, the function's source and
 everything it calls, signature, constants, options) makes an unchanged configuration
@@ -108,6 +110,9 @@ def module_configs(module: str, specs: list[dict]) -> list[TritonConfig]:
             raise DsactlError(f"{where}: names must be unique and use only letters, digits, _ . -")
         if not isinstance(spec["fn"], triton.runtime.jit.JITFunction):
             raise DsactlError(f"{where}: fn must be a @triton.jit function")
+        hinted = [f"{n}: {t}" for n, t in spec["signature"].items() if ":" in t and not _DIVISIBLE.fullmatch(t)]
+        if hinted:
+            raise DsactlError(f"{where}: the only signature hint is ':16' on an integer or pointer type; got {hinted}")
         seen.add(spec["name"])
         configs.append(TritonConfig(module, spec))
     return configs
@@ -132,7 +137,8 @@ def compile_config(config: TritonConfig, arch: Arch, arch_dir: Path) -> ReportRo
     from triton.compiler import ASTSource
 
     spec = config.spec
-    source = ASTSource(spec["fn"], spec["signature"], attrs=_pointer_alignment(spec),
+    signature = {name: ty.removesuffix(DIVISIBLE_SUFFIX) for name, ty in spec["signature"].items()}
+    source = ASTSource(spec["fn"], signature, attrs=_divisibility(spec),
                        **{_constexpr_keyword(ASTSource): spec["constexprs"]})
     log = io.StringIO()
     start = time.perf_counter()
@@ -229,15 +235,19 @@ def _compile_in_worker(module: str, name: str, arch: Arch, arch_dir: Path) -> Re
 
 
 # The JIT launcher specializes every tensor pointer as 16-byte divisible (torch
-# allocations are); without the same hint the AOT compile emits byte loads and
-# reports registers and spills of a kernel that never runs.
+# allocations are), and every integer argument that is a multiple of 16 (unless the kernel
+# opts out with do_not_specialize); without the same hints the AOT compile emits narrow
+# loads and reports registers, shared memory and spills of a kernel that never runs.
+# Pointers always get the hint; an integer gets it when its signature type ends in ":16".
 POINTER_ALIGNMENT = 16
+DIVISIBLE_SUFFIX = ":16"
+_DIVISIBLE = re.compile(r"(\*\w+|i32|i64|u32|u64):16")
 
 
-def _pointer_alignment(spec: dict) -> dict:
+def _divisibility(spec: dict) -> dict:
     arg_names = spec["fn"].arg_names
     return {(arg_names.index(name),): [["tt.divisibility", POINTER_ALIGNMENT]]
-            for name, ty in spec["signature"].items() if ty.startswith("*")}
+            for name, ty in spec["signature"].items() if ty.startswith("*") or ty.endswith(DIVISIBLE_SUFFIX)}
 
 
 def _constexpr_keyword(ast_source: type) -> str:

@@ -570,9 +570,12 @@ def sparse_mla_attention(
 
 def aot_specs() -> list[dict]:
     """Every configuration a launch can pick, for `dsactl build` to compile ahead of time."""
-    # Argument types in the order of the split kernels' (shared) non-constexpr arguments.
+    # Argument types in the order of the split kernels' (shared) non-constexpr arguments. Integers as
+    # the launcher passes them for contiguous tensors, where the JIT specializes multiples of 16
+    # (":16"): every stride but lse's head stride (1); topk, num_splits and the two flags are never
+    # specialized (do_not_specialize).
     pointers = ["*bf16", "*bf16", None, None, "*i32", "*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*fp32"]
-    split_types = pointers + ["fp32", "fp32"] + ["i32"] * 15
+    split_types = pointers + ["fp32", "fp32"] + ["i32"] * 4 + ["i32:16"] * 10 + ["i32"]
     specs = []
     for heads in HEADS:
         for fp8kv, cfg in [(f, c) for f in (False, True) for c in configs(heads, f)]:
@@ -592,8 +595,8 @@ def aot_specs() -> list[dict]:
     combine_args = {
         "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "sink_ptr": "*fp32",
         "out_ptr": "*bf16", "lse_ptr": "*fp32", "lse_scale": "fp32",
-        **{name: "i32" for name in ("num_heads", "num_splits", "has_sink", "stride_out_t", "stride_out_h",
-                                    "stride_lse_t", "stride_lse_h")},
+        "num_heads": "i32:16", "num_splits": "i32", "has_sink": "i32", "stride_out_t": "i32:16",
+        "stride_out_h": "i32:16", "stride_lse_t": "i32:16", "stride_lse_h": "i32",
     }
     blocks = sorted({combine_blocks(splits, heads) for heads in HEADS for splits in range(2, MAX_SPLITS + 1)})
     for splits_pad, block_hc in blocks:

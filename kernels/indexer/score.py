@@ -295,10 +295,12 @@ def score(q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, seq_lens:
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
+# tokens_per_program is a multiple of BLOCK_N (whole 64-token pages), so the JIT always specializes it as
+# a multiple of 16 (":16"); the strides and skip_len follow the workload.
 _SIGNATURE = {
     "q_ptr": "*fp8e4nv", "k_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "seq_lens_ptr": "*i32",
     "block_table_ptr": "*i32", "scores_ptr": "*fp32", "lengths_ptr": "*i32", "bt_stride": "i32", "scores_stride": "i32",
-    "tokens_per_program": "i32", "skip_len": "i32",
+    "tokens_per_program": "i32:16", "skip_len": "i32",
 }
 
 
