@@ -183,6 +183,21 @@ def test_split_count_fills_the_gpu():
     assert tsm.num_splits_for(1, 16, 64, tsm.config(16, False), sms) == 1  # one tile: nothing to split
 
 
+def test_a_partial_cost_never_adds_splits():
+    # Counting each program's partial (num_splits_for's partial_tiles) can only trade splits for fewer,
+    # longer programs; it never splits more, and with one split there is no partial to count.
+    cfg = tsm.config(128, False)
+    for num_sms in (132, 148):
+        for topk in (64, 512, 2048):
+            for num_tokens in range(1, 160):
+                for heads in (64, 128):
+                    free = tsm.num_splits_for(num_tokens, heads, topk, cfg, num_sms)
+                    for partial_tiles in (1.0, 3.0, 10.0):
+                        assert tsm.num_splits_for(num_tokens, heads, topk, cfg, num_sms, partial_tiles) <= free
+    assert tsm.num_splits_for(2, 128, 2048, cfg, 132) == 32  # 128 programs of one tile
+    assert tsm.num_splits_for(2, 128, 2048, cfg, 132, 3.0) == 16  # 64 programs of two
+
+
 def test_small_grids_at_16_heads_take_twice_the_splits_of_half_the_tiles():
     sms = 132
     small = tsm.launch_config(1, 16, 2048, False, sms)
