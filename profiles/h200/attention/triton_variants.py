@@ -1,6 +1,7 @@
 """Where the contest time of the sparse MLA Triton launcher goes, and which launch settings cut it.
 
-    python3 profiles/h200/attention/triton_variants.py OUTDIR [breakdown] [combine] [configs] [onetile] [production]
+    python3 profiles/h200/attention/triton_variants.py OUTDIR [breakdown] [combine] [configs] [onetile]
+        [production] [stages] [production_splits]
 
 One process, bench's own timing (CUPTI kernel time summed over a call's launches, cold L2 before
 every call, median of ITERS), the checkout's launcher with its module settings swapped per
@@ -234,8 +235,6 @@ def main(out: str, parts: list[str]) -> None:
             print(f"  T={tokens} N={r['block_n']} warps={r['warps']} stages={r['stages']} prefetch={r['prefetch']} "
                   f"S={r['splits']}: "
                   f"{r['us']} us (diff {r['max_diff']:.3g})")
-
-
     print("\nproduction: heads kv T, then us per (block_n, warps, stages); * = shipped")
     for heads, kv, tokens in dict.fromkeys((r["heads"], r["kv"], r["tokens"]) for r in production_rows):
         r = [x for x in production_rows if (x["heads"], x["kv"], x["tokens"]) == (heads, kv, tokens)]
