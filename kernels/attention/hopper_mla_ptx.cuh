@@ -165,7 +165,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
 
 #undef HOPPER_MLA_WGMMA_M64N64K16_KK
 #undef HOPPER_MLA_WGMMA_M64N256K16_RS
-
 #undef HOPPER_MLA_WGMMA_M64N256K16_KMN
 
 // ---- mbarrier ----------------------------------------------------------------------------------
