@@ -189,6 +189,7 @@ struct Params {
   const int* indices;
   long long indices_stride_t;
   int topk, num_splits, heads;
+  int stage_partial;  // write the split partial through shared memory (set by launch())
   float sm_scale_log2, lse_scale;
   __nv_bfloat16* out;
   long long out_stride_t, out_stride_h;
@@ -209,6 +210,20 @@ constexpr uint32_t kBarPReady = 1;      // consumer 0 wrote a block's P and resc
 constexpr uint32_t kBarPFree = 2;       // consumer 1 is done with them (its PV completed)
 constexpr uint32_t kBarPassReady = 3;   // FP8 in a cluster: a producer pass written (before its copy)
 constexpr uint32_t kBarStatsReady = 4;  // consumer 0 wrote the row sums
+constexpr uint32_t kBarPartialStaged = 5;  // + c: consumer c's warpgroup staged its partial
+
+// With a grid that keeps most SMs storing partials at once, the fp32 partial leaves through shared
+// memory: written straight from the accumulator layout, a store of a quad covers 32 bytes of each of
+// 8 rows (ncu, h128 T=1: 19% of the warp stalls were "lg throttle" on those stores); staged, each
+// warp stores 512 contiguous bytes, 16 a thread. Rows are padded by 8 floats so the 8 rows of a
+// warp's staging store fall on distinct bank octets (two wavefronts for its 256 bytes, the least).
+constexpr int kStageRowFloats = kColsPerConsumer + 8;
+constexpr int kStageBytes = kHeadsPerCta * kStageRowFloats * 4;
+constexpr int kStagePieces = kHeadsPerCta * kColsPerConsumer / 4;  // 16-byte pieces of a consumer's partial
+static_assert(kStageBytes <= kTileBytes, "a consumer's staged partial fits in the Q tile or a ring stage");
+static_assert(kStages == 2, "consumer 0 stages its partial in the stage the last block did not use");
+static_assert(kStagePieces % kWarpgroupThreads == 0 && (kColsPerConsumer / 4) % 32 == 0,
+              "the pieces divide over a warpgroup, and a warp's 32 pieces lie in one row");
 
 struct Smem {
   uint32_t base;  // shared-window address of the 1024-aligned layout
@@ -501,10 +516,12 @@ __device__ __forceinline__ void release_stage(const Smem& sm, int b, uint32_t pe
 }
 
 // Columns 256c .. 256c + 255 of the CTA's 64 rows: the normalized bf16 output with one split, else the
-// fp32 partial; with_stats: also the lse (or the partial's max and sum).
+// fp32 partial, staged at `staging` when p.stage_partial (kStageBytes of shared memory no one reads or
+// writes any more);
+// with_stats: also the lse (or the partial's max and sum).
 __device__ __forceinline__ void write_result(const Params& p, const Work& w, const Rows& rows, const float (&o)[kORegs],
                                              int c, const float (&l_all)[2], const float (&m_run)[2],
-                                             bool with_stats) {
+                                             bool with_stats, uint32_t staging) {
   const int col0 = c * kColsPerConsumer + 2 * rows.quad;
   if (p.num_splits == 1) {
 #pragma unroll
@@ -524,19 +541,42 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
       }
     }
   } else {
+    const long long part0 = (static_cast<long long>(w.t) * p.num_splits + w.split) * p.heads + w.group * kHeadsPerCta;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const long long part = (static_cast<long long>(w.t) * p.num_splits + w.split) * p.heads +
-                             w.group * kHeadsPerCta + rows.r[i];
-      float* acc = p.part_acc + part * kCkvDim + col0;
+      if (with_stats && rows.quad == 0) {
+        p.part_m[part0 + rows.r[i]] = m_run[i];
+        p.part_l[part0 + rows.r[i]] = l_all[i];
+      }
+    }
+    if (!p.stage_partial) {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        float* acc = p.part_acc + (part0 + rows.r[i]) * kCkvDim + col0;
+#pragma unroll
+        for (int n = 0; n < kColsPerConsumer / 8; ++n) {
+          *reinterpret_cast<float2*>(acc + 8 * n) = make_float2(o[4 * n + 2 * i], o[4 * n + 2 * i + 1]);
+        }
+      }
+      return;
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
 #pragma unroll
       for (int n = 0; n < kColsPerConsumer / 8; ++n) {
-        *reinterpret_cast<float2*>(acc + 8 * n) = make_float2(o[4 * n + 2 * i], o[4 * n + 2 * i + 1]);
+        st_shared_v2_f32(staging + (rows.r[i] * kStageRowFloats + 8 * n + 2 * rows.quad) * 4, o[4 * n + 2 * i],
+                         o[4 * n + 2 * i + 1]);
       }
-      if (with_stats && rows.quad == 0) {
-        p.part_m[part] = m_run[i];
-        p.part_l[part] = l_all[i];
-      }
+    }
+    named_barrier_sync(kBarPartialStaged + c, kWarpgroupThreads);
+    const int tid = threadIdx.x % kWarpgroupThreads;
+#pragma unroll
+    for (int k = 0; k < kStagePieces / kWarpgroupThreads; ++k) {
+      const int piece = k * kWarpgroupThreads + tid;
+      const int row = piece / (kColsPerConsumer / 4);
+      const int col = piece % (kColsPerConsumer / 4) * 4;
+      *reinterpret_cast<float4*>(p.part_acc + (part0 + row) * kCkvDim + c * kColsPerConsumer + col) =
+          ld_shared_v4_f32(staging + (row * kStageRowFloats + col) * 4);
     }
   }
 }
@@ -686,7 +726,10 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
     if (rows.quad == 0) sm.row_sum(0)[rows.r[i]] = l_all[i];
   }
   named_barrier_arrive(kBarStatsReady, kConsumerThreads);
-  write_result(p, w, rows, o, 0, l_all, m_run, true);
+  // Staged in the ring stage the last block did not use (kStages == 2): unused with one block, else
+  // block num_blocks - 2's, which consumer 1 finished reading before this warpgroup passed kBarPFree
+  // for the last block; no producer (nor a cluster peer's) has a block left to put there.
+  write_result(p, w, rows, o, 0, l_all, m_run, true, sm.k(w.num_blocks % kStages));
 }
 
 // Consumer 1: O[:, 256 .. 511] += P . V with P and the rescale factors from consumer 0.
@@ -737,7 +780,9 @@ __device__ void consume_pv(const Params& p, const Smem& sm, const Work& w, uint3
 #pragma unroll
   for (int i = 0; i < 2; ++i) l_all[i] = sm.row_sum(0)[rows.r[i]];
   const float unused_m[2] = {0.f, 0.f};
-  write_result(p, w, rows, o, 1, l_all, unused_m, false);
+  // Staged in the Q tile: consumer 0's last S (its only reader) completed before the last P it
+  // passed this warpgroup (kBarPReady).
+  write_result(p, w, rows, o, 1, l_all, unused_m, false, sm.q());
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -851,8 +896,15 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 // A row stride (in bf16 elements) that keeps every row 16-byte aligned.
 bool row_aligned(long long stride) { return stride % 8 == 0; }
 
+// Staging the partials (write_result) pays when the grid has more CTAs than half the SMs; with half or
+// fewer the shared-memory round trip costs more than the stores it relieves (H200, staged always
+// against never: 64 CTAs, h64 T=2 bf16 13.57 against 12.90 us; 128 CTAs, h128 T=4 bf16 17.61 against
+// 18.30; profiles/h200/attention/session8/hopper-staged-partial/).
+int g_num_sms[kMaxDevices] = {};
+
 template <bool kFp8, int kPeers>
-int launch(const Params& p, int num_tokens, cudaStream_t stream) {
+int launch(const Params& params, int num_tokens, cudaStream_t stream) {
+  Params p = params;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
@@ -869,6 +921,12 @@ int launch(const Params& p, int num_tokens, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     g_configured<kFp8, kPeers>[device] = true;
   }
+  if (g_num_sms[device] == 0) {
+    err = cudaDeviceGetAttribute(&g_num_sms[device], cudaDevAttrMultiProcessorCount, device);
+    if (err != cudaSuccess) return err;
+  }
+  const long long ctas = static_cast<long long>(p.heads / kHeadsPerCta) * p.num_splits * num_tokens;
+  p.stage_partial = p.num_splits > 1 && 2 * ctas > g_num_sms[device];
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = kPeers;  // the head groups of one (token, split); grid x = heads / 64
@@ -924,7 +982,8 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
   }
   const Params p{static_cast<const __nv_bfloat16*>(q_nope), q_nope_stride_t, q_nope_stride_h,
                  static_cast<const __nv_bfloat16*>(q_pe), q_pe_stride_t, q_pe_stride_h, kv_a, kv_a_stride, kv_b,
-                 kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, sm_scale_log2, lse_scale,
+                 kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, /*stage_partial, by launch()*/ 0,
+                 sm_scale_log2, lse_scale,
                  static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse, lse_stride_t, lse_stride_h,
                  part_acc, part_m, part_l};
   if (!fp8kv) return launch<false, 1>(p, num_tokens, stream);

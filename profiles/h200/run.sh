@@ -42,10 +42,12 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to profiles/h20
   tar czf "$OUT/results-$MODE.tgz" "$P" 2>/dev/null  # refreshed per step: a cut-off run still returns what it made
 }
 
-sanitize_hopper() {  # sanitize_hopper PREFIX: memcheck, racecheck, synccheck on a 128-head FP8 split case and a bf16 one
+sanitize_hopper() {  # sanitize_hopper PREFIX: memcheck, racecheck, synccheck on 128-head FP8 and bf16 split cases,
+  # two of them with grids over half the SMs (the partials staged through shared memory, clustered FP8)
   for tool in memcheck racecheck synccheck; do
-    step "$1-$tool" 50 compute-sanitizer --tool "$tool" --error-exitcode 1 \
-      python3 $P/attention/hopper_check.py 128-256-2-fp8-3-scattered 64-128-1-bf16-1-full
+    step "$1-$tool" 120 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      python3 $P/attention/hopper_check.py 128-256-2-fp8-3-scattered 64-128-1-bf16-1-full \
+      128-1024-5-fp8-8-scattered 64-1024-9-bf16-8-scattered
   done
 }
 
