@@ -1,7 +1,7 @@
 """Where the contest time of the sparse MLA Triton launcher goes, and which launch settings cut it.
 
     python3 profiles/h200/attention/triton_variants.py OUTDIR [breakdown] [combine] [configs] [onetile]
-        [production] [stages] [production_splits]
+        [production] [stages] [production_splits] [combine_hopper]
 
 One process, bench's own timing (CUPTI kernel time summed over a call's launches, cold L2 before
 every call, median of ITERS), the checkout's launcher with its module settings swapped per
@@ -17,7 +17,11 @@ variant (and restored):
    configuration against PRODUCTION_CONFIGS (pipeline depth, FP8 tile), each with its own split count;
 6. stages.csv: the contest suite with the 16-head tiles one pipeline stage deeper (CONTEST_STAGES);
 7. production_splits.csv: the shipped configuration at 64 and 128 heads at every split count in
-   PRODUCTION_SPLITS, for the token counts where the formula splits (PRODUCTION_SPLIT_TOKENS).
+   PRODUCTION_SPLITS, for the token counts where the formula splits (PRODUCTION_SPLIT_TOKENS);
+8. combine_hopper.csv: the Hopper kernel's calls (64 and 128 heads, bf16 and FP8, T in
+   COMBINE_HOPPER_TOKENS, its own split formula): the kernel alone (combine skipped) and the whole call
+   with each combine tile of COMBINES_HOPPER (its partials, 8-32 splits of 64 heads, are larger than
+   the contest's the shipped tile was tuned on).
 Every variant's output is compared with the shipped settings' output on the same inputs
 (max |difference|), so a variant that computes something else shows up.
 """
@@ -36,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 import bench_old_vs_new as bo  # noqa: E402  (its workload and timing helpers)
 
 from dsactl.bench.timing import L2Flusher, pick_method  # noqa: E402
+from dsactl.kernels.attention import hopper_mla  # noqa: E402
 from dsactl.kernels.attention import triton_sparse_mla as mla  # noqa: E402
 from dsactl.workloads import suite  # noqa: E402
 
@@ -44,6 +49,12 @@ base_config = mla.config
 # (COMBINE_BLOCK_D, COMBINE_WARPS, COMBINE_TILE): the shipped one first
 COMBINES = [(mla.COMBINE_BLOCK_D, mla.COMBINE_WARPS, mla.COMBINE_TILE), (128, 4, 8192), (64, 4, 4096),
             (32, 4, 4096), (32, 4, 2048)]
+# (COMBINE_BLOCK_D, COMBINE_WARPS, COMBINE_TILE), the shipped one first; tiles up to the shipped
+# COMBINE_TILE, which the kernel's static_assert reads as a constexpr (patching it is refused). Warps lie
+# along heads: 8 warps with fewer than 8 heads a program (64 columns at 16+ splits, 128 at 8+) put
+# splits across warps.
+COMBINES_HOPPER = [(64, 4, 8192), (32, 4, 4096), (32, 8, 8192), (64, 8, 8192), (128, 8, 8192)]
+COMBINE_HOPPER_TOKENS = (1, 2, 4, 8, 16)
 CONFIG_TOKENS = (1, 2, 8)
 CONFIGS = [mla.Config(16, n, w, s) for n in (64, 32) for w in (8, 4) for s in (2, 1)]
 SPLITS = (8, 16, 32, 64)
@@ -221,6 +232,34 @@ def main(out: str, parts: list[str]) -> None:
         del inputs, outputs
     if split_rows:
         write_csv(out_dir / "production_splits.csv", split_rows)
+
+    hopper_rows = []
+    cases = [(h, f, t) for h in (64, 128) for f in (False, True) for t in COMBINE_HOPPER_TOKENS]
+    for heads, fp8, tokens in cases if "combine_hopper" in parts else []:
+        inputs, outputs = bo.prepared(bo.production_workload(heads, tokens, fp8))
+        call = bo.launcher_call(hopper_mla, inputs, outputs, fp8)
+        ref = run(call, outputs)
+        with settings(combine=lambda *a, **k: None):
+            kernel_us = bo.time_us(call, method, flusher)
+        row = {"heads": heads, "kv": "fp8" if fp8 else "bf16", "tokens": tokens,
+               "splits": hopper_mla.num_splits_for(tokens, heads, bo.TOPK, mla._num_sms(inputs["q_nope"].device)),
+               "kernel_us": round(kernel_us, 2)}
+        for block_d, warps, tile in COMBINES_HOPPER:
+            with settings(COMBINE_BLOCK_D=block_d, COMBINE_WARPS=warps, COMBINE_TILE=tile):
+                got = run(call, outputs)
+                row[f"d{block_d}w{warps}t{tile}"] = round(bo.time_us(call, method, flusher), 2)
+                row[f"diff_d{block_d}w{warps}t{tile}"] = diff(got, ref)
+        hopper_rows.append(row)
+        print(row, flush=True)
+        del inputs, outputs
+    if hopper_rows:
+        write_csv(out_dir / "combine_hopper.csv", hopper_rows)
+        names = [f"d{d}w{w}t{t}" for d, w, t in COMBINES_HOPPER]
+        print("\nHopper calls, us (kernel alone, then whole call per combine tile; the shipped tile first)")
+        print(f"{'shape':16s} {'S':>3s} {'kernel':>7s} " + " ".join(f"{n:>13s}" for n in names))
+        for r in hopper_rows:
+            print(f"h{r['heads']} {r['kv']} T={r['tokens']:<3d} {r['splits']:3d} {r['kernel_us']:7.2f} "
+                  + " ".join(f"{r[n]:13.2f}" for n in names))
 
     print("\nworkload                 T  valid  whole  split  combine")
     for r in rows:
