@@ -51,7 +51,8 @@
 //     keeps one gather per CTA: cp.async cannot write a peer's memory, and that path is
 //     consumer-bound anyway.
 //   - Split-KV (grid y) fills the SMs when tokens x head groups are few; fp32 partials are reduced
-//     by triton_sparse_mla's combine kernel.
+//     by triton_sparse_mla's combine kernel. On grids over half the SMs they leave through shared
+//     memory in whole 512-byte pieces (write_result).
 //
 // FP8 KV runs the MMAs in fp16, not bf16: e4m3 x fp32 scale rounded to bf16 (8-bit mantissa) fails
 // the contest tolerance (1e-2 abs and rel; emulated on the test inputs: 52 of 262144 outputs and the
@@ -516,9 +517,8 @@ __device__ __forceinline__ void release_stage(const Smem& sm, int b, uint32_t pe
 }
 
 // Columns 256c .. 256c + 255 of the CTA's 64 rows: the normalized bf16 output with one split, else the
-// fp32 partial, staged at `staging` when p.stage_partial (kStageBytes of shared memory no one reads or
-// writes any more);
-// with_stats: also the lse (or the partial's max and sum).
+// fp32 partial, through `staging` when p.stage_partial (kStageBytes of shared memory no one reads or
+// writes any more); with_stats: also the lse (or the partial's max and sum).
 __device__ __forceinline__ void write_result(const Params& p, const Work& w, const Rows& rows, const float (&o)[kORegs],
                                              int c, const float (&l_all)[2], const float (&m_run)[2],
                                              bool with_stats, uint32_t staging) {
