@@ -324,11 +324,13 @@ def test_gpu_repeated_calls_are_bitwise_identical():
 
 @pytest.mark.gpu
 def test_gpu_call_is_graph_capturable_and_repeatable():
-    """No host sync or allocation inside a call: it captures into a CUDA graph and replays."""
+    """No host sync inside a call: it captures into a CUDA graph and replays. The graph owns the split
+    partials it captured: a later, larger eager call cannot free them under it, so a replay writes
+    nothing that other tensors were given since."""
     definition = _definition(16, 2048)
     inputs = _inputs(definition, 8, 512, "cuda", seed=5)
     fn = _gpu_solution(definition)
-    eager = _run(fn, definition, inputs)  # first call also caches the workspace
+    eager = _run(fn, definition, inputs)
     d = get(definition)
     outputs = d.allocate_outputs(d.check_inputs(inputs), "cuda")
     poison(outputs)
@@ -336,7 +338,36 @@ def test_gpu_call_is_graph_capturable_and_repeatable():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn(*args)
-    for _ in range(100):  # the workspace is reused by every replay
+    larger = _inputs(definition, 64, 512, "cuda", seed=6)  # more tokens, more partials than captured
+    _assert_matches_reference(definition, larger, _run(fn, definition, larger))
+    canaries = [torch.full((1 << 20,), 7.0, device="cuda") for _ in range(8)]  # whatever was freed since
+    for _ in range(100):
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(outputs["output"], eager["output"]) and torch.equal(outputs["lse"], eager["lse"])
+    assert all(bool((c == 7.0).all()) for c in canaries)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("impl", IMPLEMENTATIONS)
+@pytest.mark.parametrize("suffix", ["", "_fp8kv"])
+def test_gpu_calls_on_concurrent_streams_keep_their_own_partials(suffix, impl):
+    """Split calls on two streams at once (no sync between them) each get their own partials."""
+    definition = _definition(128, 2048, suffix)
+    fn = IMPLEMENTATIONS[impl](definition)
+    d = get(definition)
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    calls = []
+    for k, stream in enumerate(streams):
+        inputs = _inputs(definition, 4, 256, "cuda", seed=20 + k, pattern="scattered", valid=(2048, 900, 1, 0))
+        outputs = d.allocate_outputs(d.check_inputs(inputs), "cuda")
+        poison(outputs)
+        calls.append((stream, inputs, outputs, [{**inputs, **outputs}[name] for name in d.signature]))
+    torch.cuda.synchronize()
+    for _ in range(20):
+        for stream, _, _, args in calls:
+            with torch.cuda.stream(stream):
+                fn(*args)
+    torch.cuda.synchronize()
+    for _, inputs, outputs, _ in calls:
+        _assert_matches_reference(definition, inputs, outputs)

@@ -276,3 +276,20 @@ def test_long_and_mtp_rows_on_gpu(heads, topk, next_n, seq_lens):
     inputs = make_case(seq_lens, heads=heads, topk=topk, next_n=next_n, table_pad=-1, seed=7, device="cuda")
     out = run_solution(dsa_topk_indexer, inputs, topk, next_n)
     assert_indexer_output(out, inputs, topk, next_n)
+
+
+@pytest.mark.gpu
+def test_calls_on_concurrent_streams_keep_their_own_scores():
+    """Scored calls on two streams at once (no sync between them) each get their own score scratch."""
+    streams = [torch.cuda.Stream() for _ in range(2)]
+    cases = [make_case([40000, 9000, 70000, 2500], seed=30 + k, device="cuda") for k in range(2)]
+    outs = [torch.full((4, 2048), INT_POISON, dtype=torch.int32, device="cuda") for _ in cases]
+    torch.cuda.synchronize()
+    for _ in range(10):
+        for stream, inputs, out in zip(streams, cases, outs):
+            with torch.cuda.stream(stream):
+                dsa_topk_indexer(inputs["q_index_fp8"], inputs["k_index_cache_fp8"], inputs["weights"],
+                                 inputs["seq_lens"], inputs["block_table"], out)
+    torch.cuda.synchronize()
+    for inputs, out in zip(cases, outs):
+        assert_indexer_output(out, inputs, 2048, 1)

@@ -1,5 +1,5 @@
 """Launcher of the warp-specialized Hopper sparse MLA decode kernel (hopper_mla.cu): input checks,
-arch check, split choice, workspace, then the kernel and, with several splits, the Triton combine.
+arch check, split choice, the split partials, then the kernel and, with several splits, the Triton combine.
 
 Contract: the sparse attention operator of DESIGN.md sections 1-3 (as triton_sparse_mla.py), for
 the shapes this kernel serves: 64 or 128 heads (a CTA owns 64 heads of one token), topk a multiple

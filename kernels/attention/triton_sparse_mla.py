@@ -431,25 +431,16 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-_WORKSPACE: dict[torch.device, torch.Tensor] = {}
-
-
-def _workspace(device: torch.device, numel: int) -> torch.Tensor:
-    """One grow-only fp32 buffer per device for the split partials: no allocation per call."""
-    buf = _WORKSPACE.get(device)
-    if buf is None or buf.numel() < numel:
-        buf = torch.empty(numel, dtype=torch.float32, device=device)
-        _WORKSPACE[device] = buf
-    return buf
-
-
 def split_partials(device: torch.device, num_tokens: int, splits: int, heads: int
                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(acc, m, l): the fp32 partials of `splits` splits in the per-device workspace, row
-    (token * splits + split) * heads + head; acc has MLA_CKV_DIM values a row. Any kernel that
-    writes this layout can be finished by combine()."""
+    """(acc, m, l): fp32 partials of `splits` splits, row (token * splits + split) * heads + head;
+    acc has MLA_CKV_DIM values a row. Any kernel that writes this layout can be finished by
+    combine(). Allocated per call from PyTorch's caching allocator (no cudaMalloc once warm): its
+    blocks are stream-ordered, so calls on concurrent streams never share partials, and a CUDA graph
+    captures blocks of its own pool, which no later call can free or grow under it (a buffer kept
+    across calls could be both)."""
     rows = num_tokens * splits * heads
-    ws = _workspace(device, rows * (MLA_CKV_DIM + 2))
+    ws = torch.empty(rows * (MLA_CKV_DIM + 2), dtype=torch.float32, device=device)
     return ws[: rows * MLA_CKV_DIM], ws[rows * MLA_CKV_DIM:][:rows], ws[rows * (MLA_CKV_DIM + 1):][:rows]
 
 

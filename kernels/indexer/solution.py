@@ -9,7 +9,7 @@ Two launches at most, no host sync:
 - every row fits in topk (max_num_pages * 64 <= topk, known from shapes on the host): the
   structural mapping alone (passthrough.py), no key is read;
 - otherwise the scoring kernel (score.py) writes fp32 scores and each row's visible length
-  into a cached workspace, skipping requests whose rows all fit in topk, and the exact CUDA
+  into scratch allocated per call, skipping requests whose rows all fit in topk, and the exact CUDA
   top-k (dsactl.kernels.topk, library `topk` from `dsactl build`) selects and translates per
   row; a row that fits keeps all its tokens, so its unwritten scores never decide anything.
 """
@@ -25,36 +25,16 @@ from dsactl.kernels.indexer.score import query_shape, score
 from dsactl.kernels.topk.launcher import topk_page_transform
 
 
-class _Workspace:
-    """Per-device buffers reused across calls: a call allocates nothing once the largest
-    shape has been seen (CUDA-graph capturable after one warm-up call)."""
-
-    def __init__(self, device: torch.device):
-        self.device = device
-        self.scores = torch.empty(0, dtype=torch.float32, device=device)
-        self.lengths = torch.empty(0, dtype=torch.int32, device=device)
-        self.row_to_batch: dict[int, torch.Tensor] = {}  # next_n -> arange(rows) // next_n
-
-    def get(self, rows: int, max_len: int, next_n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        if self.scores.numel() < rows * max_len:
-            self.scores = torch.empty(rows * max_len, dtype=torch.float32, device=self.device)
-        if self.lengths.numel() < rows:
-            self.lengths = torch.empty(rows, dtype=torch.int32, device=self.device)
-        r2b = self.row_to_batch.get(next_n)
-        if r2b is None or r2b.numel() < rows:
-            r2b = (torch.arange(rows, device=self.device, dtype=torch.int32) // next_n).contiguous()
-            self.row_to_batch[next_n] = r2b
-        return self.scores[: rows * max_len].view(rows, max_len), self.lengths[:rows], r2b[:rows]
+# arange(rows) // next_n per next_n, grown on demand. A tensor handed out is never freed: a CUDA graph
+# captured with it keeps reading it after a later call grows the cache.
+_ROW_TO_BATCH: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
 
 
-_WORKSPACES: dict[torch.device, _Workspace] = {}
-
-
-def _workspace(device: torch.device) -> _Workspace:
-    ws = _WORKSPACES.get(device)
-    if ws is None:
-        ws = _WORKSPACES[device] = _Workspace(device)
-    return ws
+def _row_to_batch(device: torch.device, rows: int, next_n: int) -> torch.Tensor:
+    handed_out = _ROW_TO_BATCH.setdefault((device, next_n), [])
+    if not handed_out or handed_out[-1].numel() < rows:
+        handed_out.append((torch.arange(rows, device=device, dtype=torch.int32) // next_n).contiguous())
+    return handed_out[-1][:rows]
 
 
 def dsa_topk_indexer(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor, weights: torch.Tensor,
@@ -70,6 +50,10 @@ def dsa_topk_indexer(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor,
     if max_len <= topk:
         passthrough(seq_lens, block_table, out, next_n)
         return
-    scores, lengths, row_to_batch = _workspace(q_index_fp8.device).get(batch * next_n, max_len, next_n)
+    # Scratch per call from the caching allocator: stream-ordered, and a CUDA graph owns what it captured.
+    rows, device = batch * next_n, q_index_fp8.device
+    scores = torch.empty(rows, max_len, dtype=torch.float32, device=device)
+    lengths = torch.empty(rows, dtype=torch.int32, device=device)
+    row_to_batch = _row_to_batch(device, rows, next_n)
     score(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, lengths, skip_len=topk)
     topk_page_transform(scores, lengths, block_table, row_to_batch, out, topk)
