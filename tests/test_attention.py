@@ -322,11 +322,17 @@ def test_gpu_repeated_calls_are_bitwise_identical():
             assert torch.equal(again["output"], first["output"]) and torch.equal(again["lse"], first["lse"])
 
 
+# GPU cycles a stream sleeps to hold its combine back (about 1 ms on an H200): long enough for another
+# stream's whole split kernel to run between this call's split kernel and its combine.
+HOLD_CYCLES = 1 << 21
+
+
 @pytest.mark.gpu
 def test_gpu_call_is_graph_capturable_and_repeatable():
     """No host sync inside a call: it captures into a CUDA graph and replays. The graph owns the split
-    partials it captured: a later, larger eager call cannot free them under it, so a replay writes
-    nothing that other tensors were given since."""
+    partials it captured: a later, larger eager call must not free them under it. A tensor the size of
+    the captured partials, allocated right after that call, takes any block it freed (the caching
+    allocator fits exactly), so a replay writing freed memory would change it."""
     definition = _definition(16, 2048)
     inputs = _inputs(definition, 8, 512, "cuda", seed=5)
     fn = _gpu_solution(definition)
@@ -338,21 +344,34 @@ def test_gpu_call_is_graph_capturable_and_repeatable():
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn(*args)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = tsm.num_splits_for(8, 16, 2048, tsm.launch_config(8, 16, 2048, False, sms), sms)
+    assert splits > 1, "the captured call must use split partials"
     larger = _inputs(definition, 64, 512, "cuda", seed=6)  # more tokens, more partials than captured
-    _assert_matches_reference(definition, larger, _run(fn, definition, larger))
-    canaries = [torch.full((1 << 20,), 7.0, device="cuda") for _ in range(8)]  # whatever was freed since
+    larger_outputs = _run(fn, definition, larger)
+    canary = torch.full((8 * splits * 16 * (512 + 2),), 7.0, device="cuda")  # the captured partials' size
     for _ in range(100):
         graph.replay()
     torch.cuda.synchronize()
     assert torch.equal(outputs["output"], eager["output"]) and torch.equal(outputs["lse"], eager["lse"])
-    assert all(bool((c == 7.0).all()) for c in canaries)
+    assert bool((canary == 7.0).all()), "a graph replay wrote memory the graph does not own"
+    _assert_matches_reference(definition, larger, larger_outputs)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("suffix", ["", "_fp8kv"])
-def test_gpu_calls_on_concurrent_streams_keep_their_own_partials(suffix, impl):
-    """Split calls on two streams at once (no sync between them) each get their own partials."""
+def test_gpu_calls_on_concurrent_streams_keep_their_own_partials(suffix, impl, monkeypatch):
+    """Split calls on two streams at once each get their own partials. Each call's combine is held
+    back on its stream, so the other stream's split kernel runs in between: partials shared between
+    the calls would hand one call's combine the other's."""
+    combine = tsm.combine
+
+    def held_combine(*args, **kwargs):
+        torch.cuda._sleep(HOLD_CYCLES)
+        combine(*args, **kwargs)
+
+    monkeypatch.setattr(tsm, "combine", held_combine)  # both launchers call tsm.combine
     definition = _definition(128, 2048, suffix)
     fn = IMPLEMENTATIONS[impl](definition)
     d = get(definition)
@@ -364,7 +383,7 @@ def test_gpu_calls_on_concurrent_streams_keep_their_own_partials(suffix, impl):
         poison(outputs)
         calls.append((stream, inputs, outputs, [{**inputs, **outputs}[name] for name in d.signature]))
     torch.cuda.synchronize()
-    for _ in range(20):
+    for _ in range(3):
         for stream, _, _, args in calls:
             with torch.cuda.stream(stream):
                 fn(*args)

@@ -279,13 +279,22 @@ def test_long_and_mtp_rows_on_gpu(heads, topk, next_n, seq_lens):
 
 
 @pytest.mark.gpu
-def test_calls_on_concurrent_streams_keep_their_own_scores():
-    """Scored calls on two streams at once (no sync between them) each get their own score scratch."""
+def test_calls_on_concurrent_streams_keep_their_own_scores(monkeypatch):
+    """Scored calls on two streams at once each get their own score scratch. Each call's top-k is held
+    back on its stream (about 1 ms of GPU sleep), so the other stream's scoring kernel runs in between:
+    scores shared between the calls would hand one call's top-k the other's."""
+    topk_page_transform = solution.topk_page_transform
+
+    def held(*args, **kwargs):
+        torch.cuda._sleep(1 << 21)
+        topk_page_transform(*args, **kwargs)
+
+    monkeypatch.setattr(solution, "topk_page_transform", held)
     streams = [torch.cuda.Stream() for _ in range(2)]
     cases = [make_case([40000, 9000, 70000, 2500], seed=30 + k, device="cuda") for k in range(2)]
     outs = [torch.full((4, 2048), INT_POISON, dtype=torch.int32, device="cuda") for _ in cases]
     torch.cuda.synchronize()
-    for _ in range(10):
+    for _ in range(3):
         for stream, inputs, out in zip(streams, cases, outs):
             with torch.cuda.stream(stream):
                 dsa_topk_indexer(inputs["q_index_fp8"], inputs["k_index_cache_fp8"], inputs["weights"],
