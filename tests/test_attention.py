@@ -347,8 +347,10 @@ def test_gpu_call_is_graph_capturable_and_repeatable():
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     splits = tsm.num_splits_for(8, 16, 2048, tsm.launch_config(8, 16, 2048, False, sms), sms)
     assert splits > 1, "the captured call must use split partials"
-    larger = _inputs(definition, 64, 512, "cuda", seed=6)  # more tokens, more partials than captured
-    larger_outputs = _run(fn, definition, larger)
+    # 64 tokens x 64 splits: far more partials than captured (the split formula keeps its grids near
+    # 128 programs, so left to it a larger call can need exactly as many).
+    larger = _inputs(definition, 64, 512, "cuda", seed=6)
+    larger_outputs = _run(_launcher_kwargs(definition, tsm.MAX_SPLITS), definition, larger)
     canary = torch.full((8 * splits * 16 * (512 + 2),), 7.0, device="cuda")  # the captured partials' size
     for _ in range(100):
         graph.replay()
