@@ -232,6 +232,16 @@ def test_solution_matches_reference(fn, heads, topk, next_n, seq_lens, monkeypat
     assert_indexer_output(out, inputs, topk, next_n)
 
 
+def test_row_to_batch_maps_rows_to_requests_and_keeps_what_it_handed_out():
+    device = torch.device("cpu")
+    first = solution._row_to_batch(device, 5, 3)
+    for rows in (1, 5, 6, 70, 9):
+        got = solution._row_to_batch(device, rows, 3)
+        assert torch.equal(got, torch.arange(rows, dtype=torch.int32) // 3)
+    # A CUDA graph may still read the first tensor: growing the cache must not free it.
+    assert any(t.data_ptr() == first.data_ptr() for t in solution._ROW_TO_BATCH[(device, 3)])
+
+
 def test_order_insensitive_check_catches_wrong_selection():
     """The checker itself: the reference passes, a row with one non-top id fails."""
     inputs = make_case([900], heads=64, topk=512, seed=5)

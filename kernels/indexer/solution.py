@@ -25,15 +25,16 @@ from dsactl.kernels.indexer.score import query_shape, score
 from dsactl.kernels.topk.launcher import topk_page_transform
 
 
-# arange(rows) // next_n per next_n, grown on demand. A tensor handed out is never freed: a CUDA graph
-# captured with it keeps reading it after a later call grows the cache.
+# arange(rows) // next_n per next_n, grown on demand to powers of two. A tensor handed out is never
+# freed: a CUDA graph captured with it keeps reading it after a later call grows the cache.
 _ROW_TO_BATCH: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
 
 
 def _row_to_batch(device: torch.device, rows: int, next_n: int) -> torch.Tensor:
     handed_out = _ROW_TO_BATCH.setdefault((device, next_n), [])
     if not handed_out or handed_out[-1].numel() < rows:
-        handed_out.append((torch.arange(rows, device=device, dtype=torch.int32) // next_n).contiguous())
+        size = 1 << max(rows - 1, 0).bit_length()  # a power of two >= rows: few tensors kept
+        handed_out.append((torch.arange(size, device=device, dtype=torch.int32) // next_n).contiguous())
     return handed_out[-1][:rows]
 
 
