@@ -16,13 +16,16 @@
 #     split choice): every GPU test, the contest bench, Hopper vs Triton, sanitizers, verify
 #   bash profiles/h200/run.sh triton-dev OUTDIR    # a Triton attention launcher change: its tests, sanitizers,
 #     contest + production against the previous launcher (.carry/triton_old), combine variants
+#   bash profiles/h200/run.sh scratch-tests OUTDIR # the stream / graph tests of the per-call scratch on this
+#     tree (expected to pass), then on the kernels before it (expected to fail), carried in .carry/old_scratch
+#     (`git show 4d214d4:kernels/attention/triton_sparse_mla.py` etc.; copied over the kernels, so it runs last)
 #   (builds are compared by attention/bench_builds.sh, one process per build)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention"
+MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests"
 MODE=${1:?usage: run.sh $MODES OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
@@ -125,6 +128,12 @@ elif [ "$MODE" = attention ]; then
     --json "$P/attention/verify-hopper.json"
   step hopper-memcheck 50 compute-sanitizer --tool memcheck --error-exitcode 1 \
     python3 $P/attention/hopper_check.py 128-256-2-fp8-3-scattered 64-128-1-bf16-1-full
+elif [ "$MODE" = scratch-tests ]; then
+  SCRATCH_TESTS=(tests/test_attention.py tests/test_indexer.py -k "streams or graph")
+  step scratch-tests-new 120 python3 -m pytest -q -m gpu -p no:cacheprovider "${SCRATCH_TESTS[@]}"
+  cp .carry/old_scratch/triton_sparse_mla.py .carry/old_scratch/hopper_mla.py kernels/attention/ &&
+    cp .carry/old_scratch/solution.py kernels/indexer/ &&
+    step scratch-tests-old 120 python3 -m pytest -q -m gpu -p no:cacheprovider "${SCRATCH_TESTS[@]}"
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev
