@@ -104,6 +104,12 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         w.writerows(rows)
 
 
+def production_cases(token_counts):
+    """(heads, fp8, tokens, inputs, outputs) at 64 and 128 heads, bf16 and FP8 KV, each token count."""
+    for heads, fp8, tokens in [(h, f, t) for h in (64, 128) for f in (False, True) for t in token_counts]:
+        yield heads, fp8, tokens, *bo.prepared(bo.production_workload(heads, tokens, fp8))
+
+
 def main(out: str, parts: list[str]) -> None:
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -192,9 +198,8 @@ def main(out: str, parts: list[str]) -> None:
               f"diff {max(x['max_diff'] for x in r):.3g}", flush=True)
 
     production_rows = []
-    cases = [(h, f, t) for h in (64, 128) for f in (False, True) for t in PRODUCTION_TOKENS]
-    for heads, fp8, tokens in cases if "production" in parts else []:
-        inputs, outputs = bo.prepared(bo.production_workload(heads, tokens, fp8))
+    cases = production_cases(PRODUCTION_TOKENS) if "production" in parts else ()
+    for heads, fp8, tokens, inputs, outputs in cases:
         call = bo.launcher_call(mla, inputs, outputs, fp8)
         ref = run(call, outputs)
         shipped = mla.config(heads, fp8)
@@ -217,9 +222,8 @@ def main(out: str, parts: list[str]) -> None:
         write_csv(out_dir / "kernels-production.csv", bo.kernel_rows(mla, "production"))
 
     split_rows = []
-    cases = [(h, f, t) for h in (64, 128) for f in (False, True) for t in PRODUCTION_SPLIT_TOKENS]
-    for heads, fp8, tokens in cases if "production_splits" in parts else []:
-        inputs, outputs = bo.prepared(bo.production_workload(heads, tokens, fp8))
+    cases = production_cases(PRODUCTION_SPLIT_TOKENS) if "production_splits" in parts else ()
+    for heads, fp8, tokens, inputs, outputs in cases:
         formula = mla.num_splits_for(tokens, heads, bo.TOPK, mla.config(heads, fp8), mla._num_sms(
             inputs["q_nope"].device))
         for splits in PRODUCTION_SPLITS:
@@ -234,9 +238,8 @@ def main(out: str, parts: list[str]) -> None:
         write_csv(out_dir / "production_splits.csv", split_rows)
 
     hopper_rows = []
-    cases = [(h, f, t) for h in (64, 128) for f in (False, True) for t in COMBINE_HOPPER_TOKENS]
-    for heads, fp8, tokens in cases if "combine_hopper" in parts else []:
-        inputs, outputs = bo.prepared(bo.production_workload(heads, tokens, fp8))
+    cases = production_cases(COMBINE_HOPPER_TOKENS) if "combine_hopper" in parts else ()
+    for heads, fp8, tokens, inputs, outputs in cases:
         call = bo.launcher_call(hopper_mla, inputs, outputs, fp8)
         ref = run(call, outputs)
         with settings(combine=lambda *a, **k: None):
