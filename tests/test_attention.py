@@ -351,7 +351,7 @@ def test_gpu_call_is_graph_capturable_and_repeatable():
     # 128 programs, so left to it a larger call can need exactly as many).
     larger = _inputs(definition, 64, 512, "cuda", seed=6)
     larger_outputs = _run(_launcher_kwargs(definition, tsm.MAX_SPLITS), definition, larger)
-    canary = torch.full((8 * splits * 16 * (512 + 2),), 7.0, device="cuda")  # the captured partials' size
+    canary = torch.full((8 * splits * 16 * (tsm.MLA_CKV_DIM + 2),), 7.0, device="cuda")  # the captured partials
     for _ in range(100):
         graph.replay()
     torch.cuda.synchronize()

@@ -288,15 +288,20 @@ def test_long_and_mtp_rows_on_gpu(heads, topk, next_n, seq_lens):
     assert_indexer_output(out, inputs, topk, next_n)
 
 
+# GPU cycles a stream sleeps to hold its top-k back (about 1 ms on an H200): long enough for another
+# stream's whole scoring kernel to run in between.
+HOLD_CYCLES = 1 << 21
+
+
 @pytest.mark.gpu
 def test_calls_on_concurrent_streams_keep_their_own_scores(monkeypatch):
     """Scored calls on two streams at once each get their own score scratch. Each call's top-k is held
-    back on its stream (about 1 ms of GPU sleep), so the other stream's scoring kernel runs in between:
-    scores shared between the calls would hand one call's top-k the other's."""
+    back on its stream, so the other stream's scoring kernel runs in between: scores shared between
+    the calls would hand one call's top-k the other's."""
     topk_page_transform = solution.topk_page_transform
 
     def held(*args, **kwargs):
-        torch.cuda._sleep(1 << 21)
+        torch.cuda._sleep(HOLD_CYCLES)
         topk_page_transform(*args, **kwargs)
 
     monkeypatch.setattr(solution, "topk_page_transform", held)
