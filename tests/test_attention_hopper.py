@@ -59,13 +59,13 @@ def _outputs(definition: str, inputs: dict) -> dict:
     return outputs
 
 
-def _call(definition: str, inputs: dict, num_splits: int | None = None) -> dict:
+def _call(definition: str, inputs: dict, num_splits: int | None = None, **kwargs) -> dict:
     """The launcher on poisoned outputs, with the definition variant's keyword arguments."""
     d = get(definition)
     outputs = _outputs(definition, inputs)
     named = {**inputs, **outputs}
     hopper_mla.sparse_mla_attention(**{name: named[name] for name in d.signature},
-                                    lse_base_e=d.params["lse_base"] != 2.0, num_splits=num_splits)
+                                    lse_base_e=d.params["lse_base"] != 2.0, num_splits=num_splits, **kwargs)
     return outputs
 
 
@@ -131,12 +131,13 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     assert lib.dsa_hopper_mla_smem_bytes() <= SMEM_LIMIT
     fake = 1 << 20  # an aligned address that is never dereferenced: every call below fails its checks first
 
-    def call(heads=64, topk=2048, splits=1, num_tokens=1, q_stride=576, kv_a=fake, parts=(fake, fake, fake)):
+    def call(heads=64, topk=2048, splits=1, num_tokens=1, q_stride=576, kv_a=fake, parts=(fake, fake, fake),
+             in_cluster=0):
         return lib.dsa_hopper_mla_decode(fake, q_stride * heads, q_stride, fake, q_stride * heads, q_stride, 0,
-                                         kv_a, 512, fake, 64, fake, topk, num_tokens, heads, topk, splits, 1.0, 1.0,
-                                         fake, 512 * heads, 512, fake, heads, 1, *parts, None)
+                                         kv_a, 512, fake, 64, fake, topk, num_tokens, heads, topk, splits, in_cluster,
+                                         1.0, 1.0, fake, 512 * heads, 512, fake, heads, 1, *parts, None)
 
-    bad_shape, bad_alignment, null = -1, -2, -3
+    bad_shape, bad_alignment, null, bad_cluster = -1, -2, -3, -5
     assert call(heads=16) == bad_shape and call(heads=96) == bad_shape
     assert call(topk=100) == bad_shape and call(topk=4096) == bad_shape and call(topk=0) == bad_shape
     assert call(splits=0) == bad_shape and call(splits=hopper_mla.MAX_SPLITS + 1) == bad_shape
@@ -145,7 +146,11 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     assert call(num_tokens=0) == 0  # nothing to do: no CUDA call at all
     assert call(kv_a=0) == null and call(splits=2, parts=(None, None, None)) == null
     assert call(q_stride=580) == bad_alignment and call(kv_a=fake + 8) == bad_alignment
-    for code in (bad_shape, bad_alignment, null, -4):
+    # Splits merged in a cluster: exactly 2 of them, and no partials needed.
+    for splits in (1, 3, 4, 16, 64):
+        assert call(splits=splits, in_cluster=1) == bad_cluster
+    assert call(splits=2, in_cluster=1, parts=(None, None, None), q_stride=580) == bad_alignment
+    for code in (bad_shape, bad_alignment, null, -4, bad_cluster):
         assert lib.dsa_hopper_mla_error_string(code).decode() not in ("ok", "unknown error")
 
 
@@ -313,10 +318,49 @@ def test_gpu_any_split_count_is_exact(heads, num_splits, suffix):
     """FP8 at 128 heads runs in 2-CTA clusters from 2 blocks a CTA: 31 splits leave 66-67 tokens a
     split (a second block of 2-3 valid tokens, clustered), 32 splits one block (alone), 64 splits
     half a block. Grids over half the H200's SMs (31+ splits; 128 heads x 31 = 248 CTAs) stage the
-    partials through shared memory, smaller ones (2, 7) store them directly."""
+    partials through shared memory, 7 splits store them directly, and 2 splits merge in a cluster
+    (but FP8 at 128 heads, combined)."""
     definition = _definition(heads, 2048, suffix)
     inputs = _inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
     _assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
+
+
+@pytest.mark.gpu
+@on_sm90
+@pytest.mark.parametrize("heads", hopper_mla.HEADS)
+@pytest.mark.parametrize("suffix", ["_lsee", "_fp8kv"])
+def test_gpu_splits_merged_in_a_cluster_are_exact(heads, suffix):
+    """The cluster merge against the reference, rows full, nearly empty, empty and partial, and against
+    the combine kernel's merge of the same splits (equal up to the order of fp32 additions). FP8 at
+    128 heads then runs without the head-group cluster."""
+    definition = _definition(heads, 2048, suffix)
+    splits = hopper_mla.CLUSTER_SPLITS
+    inputs = _inputs(definition, 4, 128, "cuda", seed=heads, pattern="scattered", valid=(2048, 5, 0, 1000))
+    merged = _call(definition, inputs, splits, reduce_in_cluster=True)
+    _assert_matches_reference(definition, inputs, merged)
+    assert bool((merged["output"][2] == 0).all()) and bool((merged["lse"][2] == float("-inf")).all())
+    combined = _call(definition, inputs, splits, reduce_in_cluster=False)
+    torch.testing.assert_close(merged["output"].float(), combined["output"].float(), atol=1e-2, rtol=0)
+    torch.testing.assert_close(merged["lse"], combined["lse"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.gpu
+@on_sm90
+@pytest.mark.parametrize("topk", [64, 192, 576])
+@pytest.mark.parametrize("suffix", ["", "_fp8kv"])
+def test_gpu_cluster_merge_of_short_splits(topk, suffix):
+    """Two splits of half a block (topk 64), of one block and a half (192 / 2 = 96) and of four blocks
+    and a half (576 / 2 = 288)."""
+    definition = _definition(64, topk, suffix)
+    inputs = _inputs(definition, 3, 64, "cuda", seed=topk, pattern="scattered", valid=(topk, topk // 2, 1))
+    outputs = _call(definition, inputs, hopper_mla.CLUSTER_SPLITS, reduce_in_cluster=True)
+    _assert_matches_reference(definition, inputs, outputs)
+
+
+def test_two_splits_merge_in_a_cluster_unless_fp8_head_groups_share_their_gather():
+    assert hopper_mla.merges_in_cluster(2, 64, False) and hopper_mla.merges_in_cluster(2, 128, False)
+    assert hopper_mla.merges_in_cluster(2, 64, True) and not hopper_mla.merges_in_cluster(2, 128, True)
+    assert not any(hopper_mla.merges_in_cluster(splits, 64, False) for splits in (1, 3, 4, 16, 64))
 
 
 @pytest.mark.gpu

@@ -97,6 +97,15 @@ constexpr int kClusterHeads = 128;  // FP8 at this many heads: the two head grou
 // against 16.9-17.0 alone; T=8, 8 splits of 4 blocks: 39.2 against 41.2).
 constexpr int kClusterMinBlocks = 2;
 constexpr int kMmaK = 16;   // wgmma K for bf16
+// Two splits merged in a cluster (Params::reduce_in_cluster): the 2 split CTAs of one (token, head
+// group) form one cluster (dims (1, 2, 1)); each stages its fp32 partial in its own shared memory and,
+// after a cluster barrier, merges half of the columns from both CTAs' (reduce_cluster), so no partial
+// goes through global memory and no combine launch follows. Only 2: distributed shared memory moved
+// a CTA's 128 KB partial at ~40 GB/s (3.5 us for 2 CTAs, 6.8 us for 16; H200), so with more splits
+// the merge cost more than the combine kernel at every count and grid measured (h64 T=1, 16 splits:
+// 16.5 against 12.4 us), while at 2 splits on a full grid it saves the combine's traffic (h128 T=32
+// bf16: 42.8 against 49.8 us; profiles/h200/attention/session9/cluster-merge/).
+constexpr int kClusterSplits = 2;
 
 // FP8 token layout (dsactl/fp8.py).
 constexpr int kFp8TokenBytes = 656;
@@ -119,11 +128,12 @@ constexpr int kQOffset = 0;
 constexpr int kKOffset = kQOffset + kTileBytes;
 constexpr int kPOffset = kKOffset + kStages * kTileBytes;
 constexpr int kIdxOffset = kPOffset + kPBytes;                          // int [kStages][64]
-// Consumer 0 -> 1: float [2][64] rescale factors and [2][64] row sums, of which only [0] is used
-// since consumer 0 owns the softmax (sized per consumer as when both computed it; 512 bytes).
+// Consumer 0 -> 1: float [64] rescale factors and [64] row sums; then, for the cluster reduction,
+// the row sums and [64] row maxima of the split.
 constexpr int kScaleOffset = kIdxOffset + kStages * kBlockTokens * 4;
-constexpr int kSumOffset = kScaleOffset + kConsumers * kHeadsPerCta * 4;
-constexpr int kBarOffset = kSumOffset + kConsumers * kHeadsPerCta * 4;   // u64 full[2], empty[2]
+constexpr int kSumOffset = kScaleOffset + kHeadsPerCta * 4;
+constexpr int kMaxOffset = kSumOffset + kHeadsPerCta * 4;
+constexpr int kBarOffset = kMaxOffset + kHeadsPerCta * 4;   // u64 full[2], empty[2]
 constexpr int kLayoutBytes = kBarOffset + 2 * kStages * 8;
 // The dynamic shared-memory base is only 16-byte aligned by the language: 1 KB of slack to align.
 constexpr int kSmemBytes = kLayoutBytes + kAtomAlign;
@@ -155,14 +165,16 @@ static_assert(kFp8KpeOffset == kFp8ScaleOffset + kNumScales * 4 && kFp8TokenByte
 
 // Register split (setmaxnreg): the consumers hold O (64 x 256 fp32 over 128 threads: 128
 // registers) plus S and the softmax state; the producer only addresses (bf16) or one raw token
-// slice in flight plus the next and, in a cluster, the peer's addresses (FP8: 72 spilled there).
+// slice in flight plus the next and, in a cluster, the peer's addresses (FP8: 72 spilled there, and
+// 80 spilled 8 bytes in the unclustered FP8 kernel once it merged two splits in a cluster, so 8 came
+// from consumer 1, which holds O and, before it, the FP8 Q load's 18 pieces).
 constexpr uint32_t kRegisterFile = 65536;
 constexpr uint32_t kEntryRegs = kRegisterFile / kThreads / 8 * 8;  // __launch_bounds__(384, 1): 168
 template <bool kFp8>
 struct Regs {
-  static constexpr uint32_t kProducer = kFp8 ? 80 : 40;
+  static constexpr uint32_t kProducer = kFp8 ? 88 : 40;
   static constexpr uint32_t kSoftmax = kFp8 ? 232 : 240;  // consumer 0: O, S and P's A fragments
-  static constexpr uint32_t kPv = kFp8 ? 192 : 224;       // consumer 1: O
+  static constexpr uint32_t kPv = kFp8 ? 184 : 224;       // consumer 1: O
   static_assert(kProducer <= kEntryRegs && kSoftmax >= kEntryRegs && kPv >= kEntryRegs,
                 "setmaxnreg.dec lowers, .inc raises");
 };
@@ -191,6 +203,7 @@ struct Params {
   long long indices_stride_t;
   int topk, num_splits, heads;
   int stage_partial;  // write the split partial through shared memory (set by launch())
+  int reduce_in_cluster;  // the splits are one cluster and merge their partials there (no partials out)
   float sm_scale_log2, lse_scale;
   __nv_bfloat16* out;
   long long out_stride_t, out_stride_h;
@@ -212,6 +225,7 @@ constexpr uint32_t kBarPFree = 2;       // consumer 1 is done with them (its PV 
 constexpr uint32_t kBarPassReady = 3;   // FP8 in a cluster: a producer pass written (before its copy)
 constexpr uint32_t kBarStatsReady = 4;  // consumer 0 wrote the row sums
 constexpr uint32_t kBarPartialStaged = 5;  // + c: consumer c's warpgroup staged its partial
+constexpr uint32_t kBarQReady = 7;         // FP8: the consumers loaded Q
 
 // With a grid that keeps most SMs storing partials at once, the fp32 partial leaves through shared
 // memory: written straight from the accumulator layout, a store of a quad covers 32 bytes of each of
@@ -236,8 +250,9 @@ struct Smem {
   __device__ uint32_t idx_addr(int stage, int token) const {
     return base + kIdxOffset + (stage * kBlockTokens + token) * 4;
   }
-  __device__ float* row_scale(int c) const { return reinterpret_cast<float*>(ptr + kScaleOffset) + c * kHeadsPerCta; }
-  __device__ float* row_sum(int c) const { return reinterpret_cast<float*>(ptr + kSumOffset) + c * kHeadsPerCta; }
+  __device__ float* row_scale() const { return reinterpret_cast<float*>(ptr + kScaleOffset); }
+  __device__ float* row_sum() const { return reinterpret_cast<float*>(ptr + kSumOffset); }
+  __device__ float* row_max() const { return reinterpret_cast<float*>(ptr + kMaxOffset); }
   __device__ uint32_t full(int stage) const { return base + kBarOffset + stage * 8; }
   __device__ uint32_t empty(int stage) const { return base + kBarOffset + (kStages + stage) * 8; }
 };
@@ -518,7 +533,9 @@ __device__ __forceinline__ void release_stage(const Smem& sm, int b, uint32_t pe
 
 // Columns 256c .. 256c + 255 of the CTA's 64 rows: the normalized bf16 output with one split, else the
 // fp32 partial, through `staging` when p.stage_partial (kStageBytes of shared memory no one reads or
-// writes any more); with_stats: also the lse (or the partial's max and sum).
+// writes any more); with_stats: also the lse (or the partial's max and sum). Reduced in the cluster,
+// the partial is only staged (its row maxima and sums are in shared memory already): reduce_cluster
+// reads it there.
 __device__ __forceinline__ void write_result(const Params& p, const Work& w, const Rows& rows, const float (&o)[kORegs],
                                              int c, const float (&l_all)[2], const float (&m_run)[2],
                                              bool with_stats, uint32_t staging) {
@@ -544,12 +561,12 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
     const long long part0 = (static_cast<long long>(w.t) * p.num_splits + w.split) * p.heads + w.group * kHeadsPerCta;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      if (with_stats && rows.quad == 0) {
+      if (with_stats && rows.quad == 0 && !p.reduce_in_cluster) {
         p.part_m[part0 + rows.r[i]] = m_run[i];
         p.part_l[part0 + rows.r[i]] = l_all[i];
       }
     }
-    if (!p.stage_partial) {
+    if (!p.stage_partial && !p.reduce_in_cluster) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
         float* acc = p.part_acc + (part0 + rows.r[i]) * kCkvDim + col0;
@@ -568,6 +585,7 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
                          o[4 * n + 2 * i + 1]);
       }
     }
+    if (p.reduce_in_cluster) return;
     named_barrier_sync(kBarPartialStaged + c, kWarpgroupThreads);
     const int tid = threadIdx.x % kWarpgroupThreads;
 #pragma unroll
@@ -579,6 +597,97 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
           ld_shared_v4_f32(staging + (row * kStageRowFloats + col) * 4);
     }
   }
+}
+
+// Where consumer c of a CTA with `num_blocks` blocks staged its partial (write_result's callers): consumer
+// 0 in the ring stage its last block did not use, consumer 1 in the Q tile.
+__device__ __forceinline__ uint32_t staged_partial(uint32_t base, int c, int num_blocks) {
+  return c == 0 ? base + kKOffset + (num_blocks % kStages) * kTileBytes : base + kQOffset;
+}
+
+// The cluster's split merge, by the 256 consumer threads of each of its 2 CTAs once both have staged
+// their partials and row statistics and passed a cluster barrier. CTA `rank` (its split) owns the
+// output columns [256 rank, 256 rank + 256): 4 threads a row, each with 16 16-byte pieces of it, read
+// from both CTAs' staged partials (distributed shared memory; all 32 loads issued before their sums)
+// and merged exactly as the combine kernel does (fp32 log-sum-exp weights, each thread computing its
+// row's from the two row maxima and sums); rank 0 also writes the lse. Both CTAs staged at the same
+// offsets: with topk a multiple of 64, the splits' token counts (ceil and floor of topk / 2) never
+// straddle a multiple of 64, so both have the same blocks.
+constexpr int kMergeThreadsPerRow = kConsumerThreads / kHeadsPerCta;  // 4
+constexpr int kRowPieces = kCkvDim / 4;                                // 16-byte (4-float) pieces of a row
+static_assert(kColsPerConsumer % 4 == 0, "a piece never straddles the two consumers' partials");
+
+__device__ __forceinline__ void reduce_cluster(const Params& p, const Smem& sm, const Work& w, int rank) {
+  constexpr int kSplits = kClusterSplits;
+  constexpr int kPieces = kRowPieces / kSplits / kMergeThreadsPerRow;  // this thread's pieces of its row
+  static_assert(kPieces >= 1 && kRowPieces % (kSplits * kMergeThreadsPerRow) == 0,
+                "every CTA's column share divides evenly over its row's threads");
+  const int ct = threadIdx.x - kWarpgroupThreads;  // 0 .. 255 over both consumers
+  const int row = ct / kMergeThreadsPerRow;
+  uint32_t peer[kSplits];
+#pragma unroll
+  for (int s = 0; s < kSplits; ++s) peer[s] = mapa_shared(sm.base, s);
+
+  // The row's weights w_s / l, l = sum_s w_s l_s, w_s = 2^(m_s - max m); exponents against a finite
+  // reference, and an empty row (l = 0) gets weights 0 (output 0, lse -inf).
+  float m[kSplits], weight[kSplits];
+  float m_all = -INFINITY;
+#pragma unroll
+  for (int s = 0; s < kSplits; ++s) {
+    m[s] = ld_cluster_f32(peer[s] + kMaxOffset + row * 4);
+    weight[s] = ld_cluster_f32(peer[s] + kSumOffset + row * 4);  // l_s for now
+    m_all = fmaxf(m_all, m[s]);
+  }
+  const float ref = m_all == -INFINITY ? 0.f : m_all;
+  float l_all = 0.f;
+#pragma unroll
+  for (int s = 0; s < kSplits; ++s) {
+    m[s] = exp2f(m[s] - ref);
+    l_all += m[s] * weight[s];
+  }
+  const float inv = l_all == 0.f ? 0.f : 1.f / l_all;
+#pragma unroll
+  for (int s = 0; s < kSplits; ++s) weight[s] = m[s] * inv;
+  const int head = w.group * kHeadsPerCta + row;
+  if (rank == 0 && ct % kMergeThreadsPerRow == 0) {
+    p.lse[w.t * p.lse_stride_t + head * p.lse_stride_h] = l_all == 0.f ? -INFINITY : (m_all + log2f(l_all)) * p.lse_scale;
+  }
+
+  // Piece k of this thread: rank's share, then k * 4 + this thread's place in the row, so a warp's
+  // 8 rows are each read and written as runs of 4 neighboring pieces.
+  __nv_bfloat16* out = p.out + w.t * p.out_stride_t + head * p.out_stride_h;
+#pragma unroll
+  for (int k = 0; k < kPieces; ++k) {
+    const int col = (rank * kRowPieces / kSplits + k * kMergeThreadsPerRow + ct % kMergeThreadsPerRow) * 4;
+    const int c = col / kColsPerConsumer;
+    const uint32_t offset = staged_partial(0, c, w.num_blocks) + (row * kStageRowFloats + col % kColsPerConsumer) * 4;
+    float4 v[kSplits];
+#pragma unroll
+    for (int s = 0; s < kSplits; ++s) v[s] = ld_cluster_v4_f32(peer[s] + offset);
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int s = 0; s < kSplits; ++s) {
+      acc.x += weight[s] * v[s].x;
+      acc.y += weight[s] * v[s].y;
+      acc.z += weight[s] * v[s].z;
+      acc.w += weight[s] * v[s].w;
+    }
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(acc.x, acc.y);
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(acc.z, acc.w);
+    *reinterpret_cast<uint2*>(out + col) =
+        make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+  }
+}
+
+// Every thread of a CTA whose splits reduce in the cluster, after its role's work: a cluster barrier
+// once every CTA has staged its partial (release/acquire: the peers' reads see it), the merge by the
+// consumers, and a barrier before any CTA exits, as its shared memory must outlive the peers' reads.
+// The split is the CTA's rank in the cluster (dims (1, S, 1): rank = blockIdx.y = split).
+__device__ __forceinline__ void merge_in_cluster(const Params& p, const Smem& sm, const Work& w, bool consumer) {
+  if (!p.reduce_in_cluster) return;
+  cluster_sync();
+  if (consumer) reduce_cluster(p, sm, w, w.split);  // the launcher checked num_splits == kClusterSplits
+  cluster_sync();
 }
 
 // O[:, 256c ..] += P [64 x 64] . V[64 tokens x 256 cols] descriptor of consumer c's V columns at
@@ -699,7 +808,7 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
     }
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      if (rows.quad == 0) sm.row_scale(0)[rows.r[i]] = alpha[i];
+      if (rows.quad == 0) sm.row_scale()[rows.r[i]] = alpha[i];
     }
     fence_proxy_async();  // st.shared (generic proxy) is read by consumer 1's wgmma (async proxy)
     named_barrier_arrive(kBarPReady, kConsumerThreads);
@@ -723,13 +832,17 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
   for (int i = 0; i < 2; ++i) {
     l_all[i] = l_run[i] + __shfl_xor_sync(0xFFFFFFFF, l_run[i], 1);
     l_all[i] += __shfl_xor_sync(0xFFFFFFFF, l_all[i], 2);
-    if (rows.quad == 0) sm.row_sum(0)[rows.r[i]] = l_all[i];
+    if (rows.quad == 0) {
+      sm.row_sum()[rows.r[i]] = l_all[i];
+      sm.row_max()[rows.r[i]] = m_run[i];  // read only by the cluster merge
+    }
   }
   named_barrier_arrive(kBarStatsReady, kConsumerThreads);
   // Staged in the ring stage the last block did not use (kStages == 2): unused with one block, else
   // block num_blocks - 2's, which consumer 1 finished reading before this warpgroup passed kBarPFree
   // for the last block; no producer (nor a cluster peer's) has a block left to put there.
-  write_result(p, w, rows, o, 0, l_all, m_run, true, sm.k(w.num_blocks % kStages));
+  write_result(p, w, rows, o, 0, l_all, m_run, true, staged_partial(sm.base, 0, w.num_blocks));
+  merge_in_cluster(p, sm, w, true);
 }
 
 // Consumer 1: O[:, 256 .. 511] += P . V with P and the rescale factors from consumer 0.
@@ -748,7 +861,7 @@ __device__ void consume_pv(const Params& p, const Smem& sm, const Work& w, uint3
     named_barrier_sync(kBarPReady, kConsumerThreads);
     float alpha[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) alpha[i] = sm.row_scale(0)[rows.r[i]];
+    for (int i = 0; i < 2; ++i) alpha[i] = sm.row_scale()[rows.r[i]];
 #pragma unroll
     for (int n = 0; n < kColsPerConsumer / 8; ++n) {
 #pragma unroll
@@ -778,11 +891,50 @@ __device__ void consume_pv(const Params& p, const Smem& sm, const Work& w, uint3
   named_barrier_sync(kBarStatsReady, kConsumerThreads);
   float l_all[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) l_all[i] = sm.row_sum(0)[rows.r[i]];
+  for (int i = 0; i < 2; ++i) l_all[i] = sm.row_sum()[rows.r[i]];
   const float unused_m[2] = {0.f, 0.f};
   // Staged in the Q tile: consumer 0's last S (its only reader) completed before the last P it
   // passed this warpgroup (kBarPReady).
-  write_result(p, w, rows, o, 1, l_all, unused_m, false, sm.q());
+  write_result(p, w, rows, o, 1, l_all, unused_m, false, staged_partial(sm.base, 1, w.num_blocks));
+  merge_in_cluster(p, sm, w, true);
+}
+
+// Q [64 heads x 576] -> the resident swizzled tile (64 rows x 72 pieces) by kLoaders threads, this
+// one `loader` of them; bf16 as it is (cp.async), converted to fp16 for the FP8 path (all loads issued
+// before the first store). Each thread fences its writes for wgmma (the async proxy); a barrier
+// publishes the tile.
+template <bool kFp8, int kLoaders>
+__device__ __forceinline__ void load_q(const Params& p, const Smem& sm, const Work& w, int loader) {
+  constexpr int kQPieces = kHeadsPerCta * kChunks * kPiecesPerRow;
+  constexpr int kQPiecesPerThread = kQPieces / kLoaders;
+  static_assert(kQPieces % kLoaders == 0, "the Q pieces divide evenly over the loading threads");
+  uint32_t q_dst[kQPiecesPerThread];
+  const __nv_bfloat16* q_src[kQPiecesPerThread];
+#pragma unroll
+  for (int k = 0; k < kQPiecesPerThread; ++k) {
+    const int q = k * kLoaders + loader;
+    const int row = q / (kChunks * kPiecesPerRow);
+    const int chunk = (q / kPiecesPerRow) % kChunks;
+    const int piece = q % kPiecesPerRow;
+    const long long head = w.group * kHeadsPerCta + row;
+    q_src[k] = chunk < kCkvChunks
+                   ? p.q_nope + w.t * p.q_nope_stride_t + head * p.q_nope_stride_h + chunk * kChunkElems + piece * 8
+                   : p.q_pe + w.t * p.q_pe_stride_t + head * p.q_pe_stride_h + piece * 8;
+    q_dst[k] = sm.q() + chunk * kChunkBytes + swizzled(row, piece);
+  }
+  if constexpr (kFp8) {
+    uint4 q_raw[kQPiecesPerThread];
+#pragma unroll
+    for (int k = 0; k < kQPiecesPerThread; ++k) q_raw[k] = ld_global_nc_v4(q_src[k]);
+#pragma unroll
+    for (int k = 0; k < kQPiecesPerThread; ++k) st_shared_v4(q_dst[k], bf16x8_to_f16x8(q_raw[k]));
+  } else {
+#pragma unroll
+    for (int k = 0; k < kQPiecesPerThread; ++k) cp_async_16(q_dst[k], q_src[k], 16);
+    cp_async_commit();
+    cp_async_wait_all();
+  }
+  fence_proxy_async();
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -816,39 +968,13 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   // The peer's ring, at the same offsets of its (identically laid out) shared memory.
   const int rank = kPeers > 1 ? static_cast<int>(cluster_ctarank()) : 0;
   const uint32_t peer_delta = kPeers > 1 ? mapa_shared(sm.base, rank ^ 1) - sm.base : 0;
-  // Q [64 heads x 576] -> resident swizzled tile, by every thread: 64 rows x 72 pieces; bf16 as it
-  // is (cp.async), converted to fp16 for the FP8 path (all loads issued before the first store).
-  constexpr int kQPieces = kHeadsPerCta * kChunks * kPiecesPerRow;
-  constexpr int kQPiecesPerThread = kQPieces / kThreads;
-  static_assert(kQPieces % kThreads == 0, "the Q pieces divide evenly over the CTA");
-  uint32_t q_dst[kQPiecesPerThread];
-  const __nv_bfloat16* q_src[kQPiecesPerThread];
-#pragma unroll
-  for (int k = 0; k < kQPiecesPerThread; ++k) {
-    const int q = k * kThreads + threadIdx.x;
-    const int row = q / (kChunks * kPiecesPerRow);
-    const int chunk = (q / kPiecesPerRow) % kChunks;
-    const int piece = q % kPiecesPerRow;
-    const long long head = w.group * kHeadsPerCta + row;
-    q_src[k] = chunk < kCkvChunks
-                   ? p.q_nope + w.t * p.q_nope_stride_t + head * p.q_nope_stride_h + chunk * kChunkElems + piece * 8
-                   : p.q_pe + w.t * p.q_pe_stride_t + head * p.q_pe_stride_h + piece * 8;
-    q_dst[k] = sm.q() + chunk * kChunkBytes + swizzled(row, piece);
-  }
-  if constexpr (kFp8) {
-    uint4 q_raw[kQPiecesPerThread];
-#pragma unroll
-    for (int k = 0; k < kQPiecesPerThread; ++k) q_raw[k] = ld_global_nc_v4(q_src[k]);
-#pragma unroll
-    for (int k = 0; k < kQPiecesPerThread; ++k) st_shared_v4(q_dst[k], bf16x8_to_f16x8(q_raw[k]));
-  } else {
-#pragma unroll
-    for (int k = 0; k < kQPiecesPerThread; ++k) cp_async_16(q_dst[k], q_src[k], 16);
-    cp_async_commit();
-    cp_async_wait_all();
-  }
-  fence_proxy_async();  // Q (generic-proxy writes) is read by wgmma
-  // Q and the initialized barriers are visible to every warpgroup (and every peer's).
+  // bf16: Q by every thread before the roles start. FP8: by the consumers, converting it while the
+  // producer gathers the first block (H200, against every thread first: h64 T=1 12.1 against 13.5 us,
+  // h128 T=2 16.9 against 17.7); bf16 lost up to 2 us that way (h64 T=16 28.1 against 25.9), its
+  // first S then waiting longer for Q (profiles/h200/attention/session9/).
+  if constexpr (!kFp8) load_q<kFp8, kThreads>(p, sm, w, threadIdx.x);
+  // The initialized barriers (and bf16's Q) are visible to every warpgroup, and to the peer, whose
+  // producer arrives and copies into them, before any role starts.
   if constexpr (kPeers > 1) {
     cluster_sync();
   } else {
@@ -864,11 +990,22 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
     } else {
       produce_bf16(p, sm, w);
     }
+    merge_in_cluster(p, sm, w, false);
   } else if (warpgroup == 1) {
     setmaxnreg_inc<Regs<kFp8>::kSoftmax>();
+    if constexpr (kFp8) {
+      load_q<kFp8, kConsumerThreads>(p, sm, w, threadIdx.x - kWarpgroupThreads);
+      named_barrier_sync(kBarQReady, kConsumerThreads);  // all of Q, before this warpgroup's first S
+    }
     consume_softmax<kFp8, kPeers>(p, sm, w, peer_delta);
   } else {
     setmaxnreg_inc<Regs<kFp8>::kPv>();
+    if constexpr (kFp8) {
+      load_q<kFp8, kConsumerThreads>(p, sm, w, threadIdx.x - kWarpgroupThreads);
+      // This warpgroup never reads Q, but a sync rather than an arrival: with bar.arrive here racecheck
+      // reported the consumers' later hand-off of the rescale factors (kBarPReady) as a race.
+      named_barrier_sync(kBarQReady, kConsumerThreads);
+    }
     consume_pv<kFp8, kPeers>(p, sm, w, peer_delta);
   }
   // A CTA's shared memory must outlive the peer's last store and arrivals into it.
@@ -886,6 +1023,7 @@ enum ErrorCode : int {
   kBadAlignment = -2,
   kNullPointer = -3,
   kUnsupportedArch = -4,
+  kBadClusterSplits = -5,
 };
 
 constexpr int kMaxDevices = 64;
@@ -930,7 +1068,7 @@ int launch(const Params& params, int num_tokens, cudaStream_t stream) {
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = kPeers;  // the head groups of one (token, split); grid x = heads / 64
-  cluster.val.clusterDim.y = 1;
+  cluster.val.clusterDim.y = p.reduce_in_cluster ? p.num_splits : 1;  // the splits of one (token, group)
   cluster.val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
   config.gridDim = dim3(p.heads / kHeadsPerCta, p.num_splits, num_tokens);
@@ -952,6 +1090,7 @@ extern "C" {
 int dsa_hopper_mla_smem_bytes() { return kSmemBytes; }
 int dsa_hopper_mla_max_splits() { return kMaxSplits; }
 int dsa_hopper_mla_max_tokens() { return kMaxTokens; }
+int dsa_hopper_mla_cluster_splits() { return kClusterSplits; }
 
 // See the contract at the top of this file. Returns 0, a CUDA error code (> 0) or a negative
 // ErrorCode; dsa_hopper_mla_error_string names either. Argument checks come before any CUDA call.
@@ -959,7 +1098,7 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                           const void* q_pe, long long q_pe_stride_t, long long q_pe_stride_h, int fp8kv,
                           const void* kv_a, long long kv_a_stride, const void* kv_b, long long kv_b_stride,
                           const int* indices, long long indices_stride_t, int num_tokens, int heads, int topk,
-                          int num_splits, float sm_scale_log2, float lse_scale, void* out, long long out_stride_t,
+                          int num_splits, int reduce_in_cluster, float sm_scale_log2, float lse_scale, void* out, long long out_stride_t,
                           long long out_stride_h, float* lse, long long lse_stride_t, long long lse_stride_h,
                           float* part_acc, float* part_m, float* part_l, cudaStream_t stream) {
   if (heads != 64 && heads != 128) return kBadShape;
@@ -970,26 +1109,30 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
       lse == nullptr || (!fp8kv && kv_b == nullptr)) {
     return kNullPointer;
   }
-  if (num_splits > 1 && (part_acc == nullptr || part_m == nullptr || part_l == nullptr)) return kNullPointer;
+  if (reduce_in_cluster && num_splits != kClusterSplits) return kBadClusterSplits;
+  const bool partials = num_splits > 1 && !reduce_in_cluster;
+  if (partials && (part_acc == nullptr || part_m == nullptr || part_l == nullptr)) return kNullPointer;
   const bool kv_ok = fp8kv ? aligned16(kv_a)
                            : aligned16(kv_a) && aligned16(kv_b) && row_aligned(kv_a_stride) && row_aligned(kv_b_stride);
   // A token stride is never stepped over with one token (torch gives size-1 dims any stride).
   const auto token_aligned = [num_tokens](long long stride) { return num_tokens == 1 || row_aligned(stride); };
   if (!aligned16(q_nope) || !aligned16(q_pe) || !token_aligned(q_nope_stride_t) || !row_aligned(q_nope_stride_h) ||
       !token_aligned(q_pe_stride_t) || !row_aligned(q_pe_stride_h) || !kv_ok || !aligned16(out) ||
-      !token_aligned(out_stride_t) || !row_aligned(out_stride_h) || (num_splits > 1 && !aligned16(part_acc))) {
+      !token_aligned(out_stride_t) || !row_aligned(out_stride_h) || (partials && !aligned16(part_acc))) {
     return kBadAlignment;
   }
   const Params p{static_cast<const __nv_bfloat16*>(q_nope), q_nope_stride_t, q_nope_stride_h,
                  static_cast<const __nv_bfloat16*>(q_pe), q_pe_stride_t, q_pe_stride_h, kv_a, kv_a_stride, kv_b,
                  kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, /*stage_partial, by launch()*/ 0,
-                 sm_scale_log2, lse_scale,
+                 reduce_in_cluster != 0, sm_scale_log2, lse_scale,
                  static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse, lse_stride_t, lse_stride_h,
                  part_acc, part_m, part_l};
   if (!fp8kv) return launch<false, 1>(p, num_tokens, stream);
   static_assert(kClusterHeads == 2 * kHeadsPerCta, "the cluster is the two head groups of 128 heads");
   const int split0_tokens = (topk + num_splits - 1) / num_splits;  // the most any split takes
-  const bool cluster = heads == kClusterHeads && split0_tokens > kBlockTokens * (kClusterMinBlocks - 1);
+  // The head groups' shared gather and the splits' merge are two kinds of cluster; one at a time.
+  const bool cluster = heads == kClusterHeads && split0_tokens > kBlockTokens * (kClusterMinBlocks - 1) &&
+                       !reduce_in_cluster;
   return cluster ? launch<true, 2>(p, num_tokens, stream) : launch<true, 1>(p, num_tokens, stream);
 }
 
@@ -1003,6 +1146,9 @@ const char* dsa_hopper_mla_error_string(int code) {
     case kBadAlignment: return "pointers must be 16-byte aligned and row strides multiples of 8 elements";
     case kNullPointer: return "null device pointer";
     case kUnsupportedArch: return "the Hopper sparse MLA kernel runs only on compute capability 9.0 (sm_90a)";
+    case kBadClusterSplits:
+      static_assert(kClusterSplits == 2, "the message below spells the count out");
+      return "splits merged in a cluster must number exactly 2";
     default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
 }

@@ -14,8 +14,11 @@ Alignment: every tensor's base is 16-byte aligned and every row stride (q, cache
 multiple of 8 elements, so each 16-byte copy of the kernel is aligned; a view that breaks this is
 refused with the reason (the Triton kernel takes it).
 
-Splits: split s of S takes the row positions s, s + S, ... exactly as the Triton kernel, and writes
-the same fp32 partials (triton_sparse_mla.split_partials), so its combine() reduces them unchanged.
+Splits: split s of S takes the row positions s, s + S, ... exactly as the Triton kernel. The partials
+are merged one of two ways: written as the same fp32 partials (triton_sparse_mla.split_partials) that
+the Triton combine() reduces unchanged, or, with exactly CLUSTER_SPLITS (2) splits, inside the kernel:
+the two splits of one (token, head group) form a thread-block cluster and merge through distributed
+shared memory (no partials in global memory, no combine launch). merges_in_cluster() says when.
 
 Serving: the shipped attention entries (solution.py) dispatch here whenever serves() says the call
 fits; dsactl-attention-hopper* names it directly (sm_90 only), so bench and verify can set it beside
@@ -49,6 +52,7 @@ ROW_ALIGN_ELEMS = ALIGN_BYTES // 2  # bf16 elements per 16 bytes
 TILE = tsm.Config(block_h=HEADS_PER_CTA, block_n=BLOCK_TOKENS, num_warps=12, num_stages=2)
 MAX_SPLITS = tsm.MAX_SPLITS  # the combine kernel's limit
 MAX_TOKENS = 65535  # tokens are the kernel grid's z dimension
+CLUSTER_SPLITS = 2  # the one split count merged in a cluster (hopper_mla.cu, kClusterSplits, says why)
 
 
 WHO = "Hopper sparse MLA attention"
@@ -101,6 +105,14 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
     return tsm.num_splits_for(num_tokens, heads, topk, TILE, num_sms, PARTIAL_TILES)
 
 
+def merges_in_cluster(splits: int, heads: int, fp8kv: bool) -> bool:
+    """Whether the splits merge in a cluster rather than through the combine kernel: at 2 splits, the
+    count the formula gives grids of 64 (token, head group) pairs (h128 T=32, h64 T=64), except FP8 at
+    128 heads, whose head groups already share their gather in a 2-CTA cluster (one cluster kind at a
+    time; sharing the gather was worth more: h128 T=32 58.6 against 69.1 us merged, H200)."""
+    return splits == CLUSTER_SPLITS and not (fp8kv and heads == 2 * HEADS_PER_CTA)
+
+
 @lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
     from dsactl.build.runtime import load_library
@@ -118,7 +130,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         i32,  # fp8kv
         p, i64, p, i64,  # kv_a + row stride, kv_b + row stride
         p, i64,  # indices, row stride
-        i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits
+        i32, i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits, reduce_in_cluster
         f32, f32,  # sm_scale * log2(e), lse scale
         p, i64, i64,  # output, strides
         p, i64, i64,  # lse, strides
@@ -130,7 +142,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dsa_hopper_mla_max_splits.restype = i32
     lib.dsa_hopper_mla_smem_bytes.restype = i32
     lib.dsa_hopper_mla_max_tokens.restype = i32
-    if (lib.dsa_hopper_mla_max_splits(), lib.dsa_hopper_mla_max_tokens()) != (MAX_SPLITS, MAX_TOKENS):
+    lib.dsa_hopper_mla_cluster_splits.restype = i32
+    limits = (lib.dsa_hopper_mla_max_splits(), lib.dsa_hopper_mla_max_tokens(), lib.dsa_hopper_mla_cluster_splits())
+    if limits != (MAX_SPLITS, MAX_TOKENS, CLUSTER_SPLITS):
         raise DsactlError(f"lib{LIBRARY}.so was built with different limits: rebuild it with `dsactl build`")
     return lib
 
@@ -205,10 +219,11 @@ def sparse_mla_attention(
     output: torch.Tensor, lse: torch.Tensor, *, ckv_cache: torch.Tensor | None = None,
     kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
-    lse_base_e: bool = False, num_splits: int | None = None,
+    lse_base_e: bool = False, num_splits: int | None = None, reduce_in_cluster: bool | None = None,
 ) -> None:
     """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention;
-    topk_length and attn_sink must be None). num_splits overrides the split formula."""
+    topk_length and attn_sink must be None). num_splits overrides the split formula, reduce_in_cluster
+    the choice of merging the splits in a cluster rather than by the combine kernel."""
     num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache,
                                                   kpe_cache, kv_cache, topk_length, attn_sink)
     device = q_nope.device
@@ -217,9 +232,14 @@ def sparse_mla_attention(
         return
     splits = num_splits or num_splits_for(num_tokens, heads, topk, tsm._num_sms(device))
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
+    in_cluster = merges_in_cluster(splits, heads, fp8kv) if reduce_in_cluster is None else reduce_in_cluster
+    _check(not in_cluster or splits == CLUSTER_SPLITS,
+           f"splits merged in a cluster must number exactly {CLUSTER_SPLITS}, got {splits}")
     lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
-    # splits == 1: the kernel writes the final output; else the Triton launcher's partials layout.
-    partials = (None, None, None) if splits == 1 else tsm.split_partials(device, num_tokens, splits, heads)
+    # One split, or splits merged in the cluster: the kernel writes the final output; else the Triton
+    # launcher's partials layout.
+    combined = splits > 1 and not in_cluster
+    partials = tsm.split_partials(device, num_tokens, splits, heads) if combined else (None, None, None)
     if fp8kv:
         kv_a, stride_a, kv_b, stride_b = kv_cache, MLA_TOKEN_BYTES, None, 0
     else:
@@ -232,7 +252,7 @@ def sparse_mla_attention(
             q_pe.data_ptr(), q_pe.stride(0), q_pe.stride(1),
             int(fp8kv), kv_a.data_ptr(), stride_a, None if kv_b is None else kv_b.data_ptr(), stride_b,
             sparse_indices.data_ptr(), sparse_indices.stride(0),
-            num_tokens, heads, topk, splits,
+            num_tokens, heads, topk, splits, int(in_cluster),
             float(sm_scale) * math.log2(math.e), lse_scale,
             output.data_ptr(), output.stride(0), output.stride(1),
             lse.data_ptr(), lse.stride(0), lse.stride(1),
@@ -241,7 +261,7 @@ def sparse_mla_attention(
         )
     if code != 0:
         _fail(f"kernel launch failed: {lib.dsa_hopper_mla_error_string(code).decode()} (code {code})")
-    if splits > 1:
+    if combined:
         tsm.combine(partials, None, output, lse, lse_scale, heads, splits, num_tokens)
 
 

@@ -19,13 +19,17 @@
 #   bash profiles/h200/run.sh scratch-tests OUTDIR # the stream / graph tests of the per-call scratch on this
 #     tree (expected to pass), then on the kernels before it (expected to fail), carried in .carry/old_scratch
 #     (`git show 4d214d4:kernels/attention/triton_sparse_mla.py` etc.; copied over the kernels, so it runs last)
+#   bash profiles/h200/run.sh cluster OUTDIR       # the Hopper splits merged in a cluster: the kernel's tests,
+#     sanitizers on cluster-merged cases, both merges side by side (attention/bench_cluster.py)
+#   bash profiles/h200/run.sh session9 OUTDIR      # every GPU test, the Hopper sanitizers, the Hopper kernel
+#     against the session's starting build (.carry/head: 7596cd8 with this ABI), then scratch-tests' old run
 #   (builds are compared by attention/bench_builds.sh, one process per build)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests"
+MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9"
 MODE=${1:?usage: run.sh $MODES OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
@@ -46,11 +50,12 @@ step() {  # step NAME SECONDS CMD...: run with a time limit, log to profiles/h20
 }
 
 sanitize_hopper() {  # sanitize_hopper PREFIX: memcheck, racecheck, synccheck on 128-head FP8 and bf16 split cases,
-  # two of them with grids over half the SMs (the partials staged through shared memory, clustered FP8)
+  # two of them with grids over half the SMs (the partials staged through shared memory, clustered FP8),
+  # and two splits merged in a cluster
   for tool in memcheck racecheck synccheck; do
-    step "$1-$tool" 120 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+    step "$1-$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 1 \
       python3 $P/attention/hopper_check.py 128-256-2-fp8-3-scattered 64-128-1-bf16-1-full \
-      128-1024-5-fp8-8-scattered 64-1024-9-bf16-8-scattered
+      128-1024-5-fp8-8-scattered 64-1024-9-bf16-8-scattered 64-1024-3-bf16-2-scattered 64-512-2-fp8-2-full
   done
 }
 
@@ -131,9 +136,24 @@ elif [ "$MODE" = attention ]; then
 elif [ "$MODE" = scratch-tests ]; then
   SCRATCH_TESTS=(tests/test_attention.py tests/test_indexer.py -k "streams or graph")
   step scratch-tests-new 120 python3 -m pytest -q -m gpu -p no:cacheprovider "${SCRATCH_TESTS[@]}"
+  # The old launcher with the library of its own ABI (.carry/hopper_b, built from the same era).
   cp .carry/old_scratch/triton_sparse_mla.py .carry/old_scratch/hopper_mla.py kernels/attention/ &&
-    cp .carry/old_scratch/solution.py kernels/indexer/ &&
+    cp .carry/old_scratch/solution.py kernels/indexer/ && cp .carry/hopper_b/libhopper_mla.so build/sm90a/ &&
     step scratch-tests-old 120 python3 -m pytest -q -m gpu -p no:cacheprovider "${SCRATCH_TESTS[@]}"
+elif [ "$MODE" = cluster ]; then
+  step pytest-hopper 150 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
+  step bench-cluster 240 python3 $P/attention/bench_cluster.py "$P/attention/cluster"
+  for tool in memcheck racecheck synccheck; do
+    step "cluster-$tool" 100 compute-sanitizer --tool "$tool" --error-exitcode 1 \
+      python3 $P/attention/hopper_check.py 64-2048-2-bf16-2-scattered-cluster 128-2048-1-fp8-2-scattered-cluster \
+      64-256-3-fp8-2-full-cluster 128-1024-2-bf16-2-empty-cluster
+  done
+elif [ "$MODE" = session9 ]; then
+  step pytest-gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  sanitize_hopper session9
+  step bench-builds 300 bash $P/attention/bench_builds.sh "$P/attention/session9/builds" \
+    new=build/sm90a/libhopper_mla.so head=.carry/head/libhopper_mla.so new2=build/sm90a/libhopper_mla.so
+  bash "$0" scratch-tests "$OUT/scratch"
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev

@@ -3,7 +3,8 @@
 One case per process (a hang or a fault costs only that case; run it under `timeout`):
     python3 profiles/h200/attention/hopper_check.py CASE [CASE ...]
     python3 profiles/h200/attention/hopper_check.py --list
-A case is HEADS-TOPK-TOKENS-KV[-SPLITS][-PATTERN], e.g. 64-64-1-bf16-1-full. For each it prints the
+A case is HEADS-TOPK-TOKENS-KV[-SPLITS][-PATTERN][-cluster], e.g. 64-64-1-bf16-1-full (SPLITS 0: the
+formula's; -cluster: the splits merged in a cluster, not by the combine kernel). For each it prints the
 largest output/lse errors against the float32 reference and where the wrong outputs sit: by
 16-head warp slice (wgmma accumulator rows), by 64-column chunk (consumer 0 owns chunks 0-3,
 consumer 1 chunks 4-7) and by token, which is what tells a descriptor or layout bug from a
@@ -31,6 +32,8 @@ NUM_PAGES = 2048  # 131072 token slots: the KV (86 MB FP8, 151 MB bf16) does not
 
 def run(case: str) -> bool:
     heads, topk, tokens, kv, *rest = case.split("-")
+    in_cluster = rest[-1:] == ["cluster"]
+    rest = rest[:-1] if in_cluster else rest
     heads, topk, tokens = int(heads), int(topk), int(tokens)
     splits = int(rest[0]) if rest and rest[0] != "0" else None
     pattern = rest[1] if len(rest) > 1 else "scattered"
@@ -45,7 +48,8 @@ def run(case: str) -> bool:
     poison(outputs)
     named = {**inputs, **outputs}
     t0 = time.perf_counter()
-    hopper_mla.sparse_mla_attention(**{n: named[n] for n in d.signature}, num_splits=splits)
+    hopper_mla.sparse_mla_attention(**{n: named[n] for n in d.signature}, num_splits=splits,
+                                    reduce_in_cluster=in_cluster or None)
     torch.cuda.synchronize()
     ms = (time.perf_counter() - t0) * 1e3
     verdict = check(d, inputs, outputs)
