@@ -16,7 +16,9 @@
 //   S == 1: output [T, H, 512] bf16 = softmax(sm_scale * q.k) . ckv and lse [T, H] fp32
 //     (lse_scale 1: base 2; 1/log2(e): base e); a row with no valid id gives 0 and -inf.
 //   S > 1: fp32 partials, row (t * S + s) * H + h: part_acc [., 512] unnormalized output,
-//     part_m [.] running max and part_l [.] running sum of the log2-domain logits (empty: -inf, 0).
+//     part_m [.] running max and part_l [.] running sum of the log2-domain logits (empty: -inf, 0);
+//     or, with reduce_in_cluster and S == 2, the output and lse as with S == 1, the two splits of a
+//     (token, head group) merged in a 2-CTA cluster (no partials).
 //
 // CTA = one token x one group of 64 heads x one split; 3 warpgroups (384 threads). FP8 KV with 128
 // heads: the two head-group CTAs of a (token, split) form a 2-CTA cluster sharing one gather (below).
@@ -52,7 +54,10 @@
 //     consumer-bound anyway.
 //   - Split-KV (grid y) fills the SMs when tokens x head groups are few; fp32 partials are reduced
 //     by triton_sparse_mla's combine kernel. On grids over half the SMs they leave through shared
-//     memory in whole 512-byte pieces (write_result).
+//     memory in whole 512-byte pieces (write_result). Two splits instead merge in their cluster
+//     through distributed shared memory (reduce_cluster; kClusterSplits says why only two).
+//   - The FP8 consumers load and convert Q while the producer gathers the first block (bf16 loads Q
+//     with every thread first: see the kernel).
 //
 // FP8 KV runs the MMAs in fp16, not bf16: e4m3 x fp32 scale rounded to bf16 (8-bit mantissa) fails
 // the contest tolerance (1e-2 abs and rel; emulated on the test inputs: 52 of 262144 outputs and the

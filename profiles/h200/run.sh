@@ -152,7 +152,7 @@ elif [ "$MODE" = session9 ]; then
   step pytest-gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests
   sanitize_hopper session9
   step bench-builds 300 bash $P/attention/bench_builds.sh "$P/attention/session9/builds" \
-    new=build/sm90a/libhopper_mla.so head=.carry/head/libhopper_mla.so new2=build/sm90a/libhopper_mla.so
+    new=build/sm90a/libhopper_mla.so head=.carry/head/libhopper_mla.so,combine new2=build/sm90a/libhopper_mla.so
   bash "$0" scratch-tests "$OUT/scratch"
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py

@@ -18,6 +18,7 @@ OUTDIR/hopper_vs_triton.png, and prints the table last.
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 from pathlib import Path
@@ -92,6 +93,8 @@ def plot(path: Path, rows: list[dict]) -> None:
 
 
 def main(out: str, sweep: bool) -> None:
+    if os.environ.get("BENCH_COMBINE_ONLY") == "1":  # bench_builds.sh ",combine": a build without the merge
+        hopper_mla.merges_in_cluster = lambda *args: False
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
     method = pick_method()
