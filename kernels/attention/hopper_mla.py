@@ -1,5 +1,6 @@
 """Launcher of the warp-specialized Hopper sparse MLA decode kernel (hopper_mla.cu): input checks,
-arch check, split choice, the split partials, then the kernel and, with several splits, the Triton combine.
+arch check, split choice, the split partials, then the kernel and, with several splits (but two, which
+merge in the kernel), the Triton combine.
 
 Contract: the sparse attention operator of DESIGN.md sections 1-3 (as triton_sparse_mla.py), for
 the shapes this kernel serves: 64 or 128 heads (a CTA owns 64 heads of one token), topk a multiple
@@ -101,7 +102,9 @@ PARTIAL_TILES = 3.0
 def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
     """Splits per (token, head group): the Triton kernel's formula (the count that minimizes the
     busiest SM's work, one CTA per SM at a time) with this kernel's 64 x 64 tile and the cost of
-    its partials."""
+    its partials. Two splits merge in a cluster instead (merges_in_cluster), at a cost of their own
+    (3.5 us over no merge at h64 T=1, H200); the term still counts partials there. Without it the
+    picks at topk 2048 would change only at h128 T=154-165 and T=199-206 (1 -> 2 splits), unmeasured."""
     return tsm.num_splits_for(num_tokens, heads, topk, TILE, num_sms, PARTIAL_TILES)
 
 

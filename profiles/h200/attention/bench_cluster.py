@@ -7,7 +7,7 @@ in one thread-block cluster, merged through distributed shared memory in the sam
 Per shape (64 and 128 heads, bf16 and FP8 KV, topk 2048, full rows): the launcher as shipped (its
 split formula and merge), then every split count of SPLITS merged both ways, in one process on the
 same inputs, timed as bench_hopper.py (CUPTI kernel time summed over a call's launches, cold L2,
-median of ITERS). Every cluster-merged output is compared with the shipped call's (max abs diff).
+median of its ITERS). Every cluster-merged output is compared with the shipped call's (max abs diff).
 Writes OUTDIR/cluster_merge.csv and prints the table last.
 
 The kernel now merges only 2 splits in a cluster. The 4, 8 and 16 columns of
@@ -17,22 +17,18 @@ to 16 (reduce_cluster templated on the count, 16-CTA clusters non-portable), mea
 
 from __future__ import annotations
 
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
-from dsactl.bench.timing import L2Flusher, measure, pick_method
 from dsactl.definitions import get
 from dsactl.kernels.attention import hopper_mla
 from dsactl.workloads import make_inputs
 
-from bench_hopper import TOPK, caller, workload  # this folder's sibling scripts
+from bench_hopper import TOPK, caller, cold_l2_timer, workload  # this folder's sibling scripts
 from bench_old_vs_new import write_csv
 
-ITERS = 10
-WARMUP = 2
 SPLITS = (hopper_mla.CLUSTER_SPLITS,)
 TOKENS = (1, 2, 4, 8, 16, 32)
 
@@ -40,13 +36,11 @@ TOKENS = (1, 2, 4, 8, 16, 32)
 def main(out: str, tokens: tuple[int, ...]) -> None:
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    method = pick_method()
-    flusher = L2Flusher()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"{torch.cuda.get_device_name()} timing {method}, {ITERS} iters, cold L2", flush=True)
+    timer = cold_l2_timer()
 
     def time_us(fn) -> float:
-        return round(statistics.median(measure(fn, method, ITERS, WARMUP, flusher)[1]), 2)
+        return round(timer(fn), 2)
 
     rows = []
     for fp8 in (False, True):

@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -92,18 +93,24 @@ def plot(path: Path, rows: list[dict]) -> None:
     fig.savefig(path, dpi=120)
 
 
+def cold_l2_timer(iters: int = ITERS, warmup: int = WARMUP) -> Callable[[Callable[[], None]], float]:
+    """time_us(fn): the median kernel time of `iters` cold-L2 calls of fn, with bench's method (printed once)."""
+    method = pick_method()
+    flusher = L2Flusher()
+    print(f"{torch.cuda.get_device_name()} timing {method}, {iters} iters, cold L2", flush=True)
+
+    def time_us(fn: Callable[[], None]) -> float:
+        return statistics.median(measure(fn, method, iters, warmup, flusher)[1])
+    return time_us
+
+
 def main(out: str, sweep: bool) -> None:
     if os.environ.get("BENCH_COMBINE_ONLY") == "1":  # bench_builds.sh ",combine": a build without the merge
         hopper_mla.merges_in_cluster = lambda *args: False
     out_dir = Path(out)
     out_dir.mkdir(parents=True, exist_ok=True)
-    method = pick_method()
-    flusher = L2Flusher()
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
-    print(f"{torch.cuda.get_device_name()} timing {method}, {ITERS} iters, cold L2", flush=True)
-
-    def time_us(fn) -> float:
-        return statistics.median(measure(fn, method, ITERS, WARMUP, flusher)[1])
+    time_us = cold_l2_timer()
 
     rows, sweep_rows = [], []
     for fp8 in (False, True):
