@@ -687,7 +687,8 @@ __device__ __forceinline__ void reduce_cluster(const Params& p, const Smem& sm, 
 // Every thread of a CTA whose splits reduce in the cluster, after its role's work: a cluster barrier
 // once every CTA has staged its partial (release/acquire: the peers' reads see it), the merge by the
 // consumers, and a barrier before any CTA exits, as its shared memory must outlive the peers' reads.
-// The split is the CTA's rank in the cluster (dims (1, S, 1): rank = blockIdx.y = split).
+// The split is the CTA's rank in the cluster (dims (1, 2, 1): rank = blockIdx.y = split). The launcher
+// never sets reduce_in_cluster for the head-group cluster kernels (kPeers = 2).
 __device__ __forceinline__ void merge_in_cluster(const Params& p, const Smem& sm, const Work& w, bool consumer) {
   if (!p.reduce_in_cluster) return;
   cluster_sync();
@@ -974,9 +975,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   const int rank = kPeers > 1 ? static_cast<int>(cluster_ctarank()) : 0;
   const uint32_t peer_delta = kPeers > 1 ? mapa_shared(sm.base, rank ^ 1) - sm.base : 0;
   // bf16: Q by every thread before the roles start. FP8: by the consumers, converting it while the
-  // producer gathers the first block (H200, against every thread first: h64 T=1 12.1 against 13.5 us,
-  // h128 T=2 16.9 against 17.7); bf16 lost up to 2 us that way (h64 T=16 28.1 against 25.9), its
-  // first S then waiting longer for Q (profiles/h200/attention/session9/).
+  // producer gathers the first block (H200, against every thread first: h64 T=1 12.0 against 13.6 us,
+  // h128 T=2 15.8 against 17.3; session9/builds/); bf16 lost up to 2 us that way (h64 T=16 28.1 against
+  // 25.9; session9/q-overlap-both/), its first S then waiting longer for Q, and 0.6-1.3 us with the
+  // producer issuing Q ahead of block 0 (session9/q-producer-bf16/; under profiles/h200/attention/).
   if constexpr (!kFp8) load_q<kFp8, kThreads>(p, sm, w, threadIdx.x);
   // The initialized barriers (and bf16's Q) are visible to every warpgroup, and to the peer, whose
   // producer arrives and copies into them, before any role starts.
