@@ -9,6 +9,25 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+# GPU cycles a held-back launch sleeps first on its stream (about 1 ms on an H200): long enough for
+# another stream's whole kernel to run in between.
+HOLD_CYCLES = 1 << 21
+
+
+@pytest.fixture
+def hold_back(monkeypatch):
+    """hold_back(module, name): module.name, for this test, first sleeps HOLD_CYCLES on the current
+    stream, so that work on another stream lands between the call's earlier launches and that one."""
+    def patch(module, name: str) -> None:
+        launch = getattr(module, name)
+
+        def held(*args, **kwargs):
+            torch.cuda._sleep(HOLD_CYCLES)
+            return launch(*args, **kwargs)
+        monkeypatch.setattr(module, name, held)
+    return patch
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

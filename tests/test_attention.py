@@ -322,11 +322,6 @@ def test_gpu_repeated_calls_are_bitwise_identical():
             assert torch.equal(again["output"], first["output"]) and torch.equal(again["lse"], first["lse"])
 
 
-# GPU cycles a stream sleeps to hold its combine back (about 1 ms on an H200): long enough for another
-# stream's whole split kernel to run between this call's split kernel and its combine.
-HOLD_CYCLES = 1 << 21
-
-
 @pytest.mark.gpu
 def test_gpu_call_is_graph_capturable_and_repeatable():
     """No host sync inside a call: it captures into a CUDA graph and replays. The graph owns the split
@@ -363,17 +358,11 @@ def test_gpu_call_is_graph_capturable_and_repeatable():
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
 @pytest.mark.parametrize("suffix", ["", "_fp8kv"])
-def test_gpu_calls_on_concurrent_streams_keep_their_own_partials(suffix, impl, monkeypatch):
+def test_gpu_calls_on_concurrent_streams_keep_their_own_partials(suffix, impl, hold_back):
     """Split calls on two streams at once each get their own partials. Each call's combine is held
     back on its stream, so the other stream's split kernel runs in between: partials shared between
     the calls would hand one call's combine the other's."""
-    combine = tsm.combine
-
-    def held_combine(*args, **kwargs):
-        torch.cuda._sleep(HOLD_CYCLES)
-        combine(*args, **kwargs)
-
-    monkeypatch.setattr(tsm, "combine", held_combine)  # both launchers call tsm.combine
+    hold_back(tsm, "combine")  # both launchers call tsm.combine
     definition = _definition(128, 2048, suffix)
     fn = IMPLEMENTATIONS[impl](definition)
     d = get(definition)

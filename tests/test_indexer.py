@@ -288,23 +288,12 @@ def test_long_and_mtp_rows_on_gpu(heads, topk, next_n, seq_lens):
     assert_indexer_output(out, inputs, topk, next_n)
 
 
-# GPU cycles a stream sleeps to hold its top-k back (about 1 ms on an H200): long enough for another
-# stream's whole scoring kernel to run in between.
-HOLD_CYCLES = 1 << 21
-
-
 @pytest.mark.gpu
-def test_calls_on_concurrent_streams_keep_their_own_scores(monkeypatch):
+def test_calls_on_concurrent_streams_keep_their_own_scores(hold_back):
     """Scored calls on two streams at once each get their own score scratch. Each call's top-k is held
     back on its stream, so the other stream's scoring kernel runs in between: scores shared between
     the calls would hand one call's top-k the other's."""
-    topk_page_transform = solution.topk_page_transform
-
-    def held(*args, **kwargs):
-        torch.cuda._sleep(HOLD_CYCLES)
-        topk_page_transform(*args, **kwargs)
-
-    monkeypatch.setattr(solution, "topk_page_transform", held)
+    hold_back(solution, "topk_page_transform")
     streams = [torch.cuda.Stream() for _ in range(2)]
     cases = [make_case([40000, 9000, 70000, 2500], seed=30 + k, device="cuda") for k in range(2)]
     outs = [torch.full((4, 2048), INT_POISON, dtype=torch.int32, device="cuda") for _ in cases]
