@@ -1,6 +1,6 @@
 """Launcher of the warp-specialized Hopper sparse MLA decode kernel (hopper_mla.cu): input checks,
-arch check, split choice, the split partials, then the kernel and, with several splits (but two, which
-merge in the kernel), the Triton combine.
+arch check, split choice, the split partials, then the kernel and, with several splits that do not
+merge in the kernel (merges_in_cluster), the Triton combine.
 
 Contract: the sparse attention operator of DESIGN.md sections 1-3 (as triton_sparse_mla.py), for
 the shapes this kernel serves: 64 or 128 heads (a CTA owns 64 heads of one token), topk a multiple

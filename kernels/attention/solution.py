@@ -21,8 +21,8 @@ from dsactl.kernels.attention import torch_baseline, triton_sparse_mla
 def implementation_for(q_nope, q_pe, sparse_indices, output, lse, **kwargs) -> Callable[..., None]:
     """The launcher for one call: the Hopper kernel (hopper_mla.py) wherever it serves the call
     (sm_90, 64 or 128 heads, no topk_length or sink, aligned views, library built), as it was
-    faster than the Triton kernel on every such shape measured on the H200 (1.06x at the closest,
-    64 heads, 1 token, FP8: profiles/h200/attention/hopper_vs_triton.csv); the Triton kernel
+    faster than the Triton kernel on every such shape measured on the H200 (1.08x at the closest,
+    64 heads, 2 tokens, bf16: profiles/h200/attention/hopper_vs_triton.csv); the Triton kernel
     everywhere else."""
     from dsactl.kernels.attention import hopper_mla  # it imports this module's _entry
 
