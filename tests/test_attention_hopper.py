@@ -266,22 +266,89 @@ def test_entries_take_the_served_definitions_signatures():
             assert list(inspect.signature(entry).parameters) == get(_definition(heads, 2048, suffix)).signature
 
 
-def _emulate_kernel_numerics(inputs: dict, mma_dtype: torch.dtype, lse_base_e: bool) -> dict:
+def _emulate_kernel_numerics(inputs: dict, mma_dtype: torch.dtype, lse_base_e: bool, shifts: bool = True) -> dict:
     """The kernel's roundings on CPU (one split): q and the dequantized K/V in mma_dtype, fp32
-    logits, log2-domain softmax, P rounded to mma_dtype for P.V, the sum from unrounded P."""
-    q = torch.cat([inputs["q_nope"], inputs["q_pe"]], -1).to(mma_dtype).float()
+    logits, log2-domain softmax, P rounded to mma_dtype for P.V, the sum from unrounded P. With
+    `shifts`, as the kernel keeps fp16's range: a row of q whose largest value has exponent E >= 16 is
+    scaled by 2^-(E - 15), a token whose largest dequantized or rope value reaches 65504 by 2^-min(E - 14,
+    15), and the logits (and that token's P) are scaled back in fp32."""
+    q = torch.cat([inputs["q_nope"], inputs["q_pe"]], -1).float()
     ckv, kpe = fp8.dequantize_mla_kv(inputs["kv_cache"].reshape(-1, fp8.MLA_TOKEN_BYTES))
-    k = torch.cat([ckv, kpe], -1).to(mma_dtype).float()
+    k = torch.cat([ckv, kpe], -1)
+
+    def exponent(x: torch.Tensor) -> torch.Tensor:
+        return torch.floor(torch.log2(x.clamp_min(2.0**-126)))
+
+    q_max, k_max = q.abs().amax(-1, keepdim=True), k.abs().amax(-1, keepdim=True)
+    q_shift = torch.where(q_max >= 2.0**16, exponent(q_max) - 15, 0.0) if shifts else torch.zeros_like(q_max)
+    k_shift = (torch.where(k_max >= 65504, (exponent(k_max) - 14).clamp(max=15), 0.0) if shifts
+               else torch.zeros_like(k_max))
+    q = (q * torch.exp2(-q_shift)).to(mma_dtype).float() * torch.exp2(q_shift)
+    k = (k * torch.exp2(-k_shift)).to(mma_dtype).float()
     idx = inputs["sparse_indices"]
-    logits = torch.einsum("thd,tnd->thn", q, k[idx.clamp_min(0).long()]) * inputs["sm_scale"] * math.log2(math.e)
+    rows = k[idx.clamp_min(0).long()]
+    factor = torch.exp2(k_shift[..., 0])[idx.clamp_min(0).long()][:, None, :]  # [T, 1, topk]
+    logits = torch.einsum("thd,tnd->thn", q, rows) * factor * inputs["sm_scale"] * math.log2(math.e)
     logits = logits.masked_fill((idx < 0)[:, None, :], -math.inf)
     m = logits.amax(-1, keepdim=True)
     p = torch.exp2(logits - torch.where(m == -math.inf, 0.0, m))
     l_sum = p.sum(-1, keepdim=True)
-    out = torch.einsum("thn,tnd->thd", p.to(mma_dtype).float(), k[idx.clamp_min(0).long()][..., :512])
+    out = torch.einsum("thn,tnd->thd", (p * factor).to(mma_dtype).float(), rows[..., :512])
     out = torch.where(l_sum > 0, out / l_sum.clamp_min(1e-30), 0.0)
     lse = torch.where(l_sum > 0, m + torch.log2(l_sum), -math.inf)[..., 0] / (math.log2(math.e) if lse_base_e else 1)
     return {"output": out.bfloat16(), "lse": lse}
+
+
+UP = 2.0**17  # scales q and the FP8 tokens past fp16's 65504
+
+
+def _scaled_past_fp16(base: dict, scaled: str) -> tuple[dict, float]:
+    """(inputs, output factor): `base` with values past fp16's range and sm_scale scaled to keep the
+    logits. "q": every other head's q times 2^17, the others' times 2^9 (below 2^16), sm_scale / 2^17,
+    so rows with and without a shift share a CTA (output factor 1: checked as they are). "kv": every
+    token's ckv and rope values times 2^17 (tokens of different exponents, so different shifts),
+    sm_scale / 2^17: the logits unchanged and the output 2^17 times base's (fp16 cannot hold it);
+    "both": also every head's q times 2^17, sm_scale / 2^34."""
+    inputs = dict(base)
+    if scaled == "q":
+        heads = base["q_nope"].shape[1]
+        rows = torch.full((heads, 1), UP, device=base["q_nope"].device)
+        rows[::2] = 2.0**9
+        inputs["q_nope"] = (base["q_nope"].float() * rows).bfloat16()
+        inputs["q_pe"] = (base["q_pe"].float() * rows).bfloat16()
+        inputs["sm_scale"] = base["sm_scale"] / UP
+        return inputs, 1.0
+    ckv, kpe = fp8.dequantize_mla_kv(base["kv_cache"])
+    inputs["kv_cache"] = fp8.quantize_mla_kv(ckv * UP, kpe * UP)
+    inputs["sm_scale"] = base["sm_scale"] / UP
+    if scaled == "both":
+        inputs["q_nope"] = (base["q_nope"].float() * UP).bfloat16()
+        inputs["q_pe"] = (base["q_pe"].float() * UP).bfloat16()
+        inputs["sm_scale"] /= UP
+    return inputs, UP
+
+
+def _check_past_fp16(definition: str, base: dict, scaled: str, outputs: dict) -> None:
+    """outputs of _scaled_past_fp16(base, scaled) against the reference, scaled back (exact) where the
+    output was scaled, so the tolerance keeps its meaning."""
+    inputs, factor = _scaled_past_fp16(base, scaled)
+    if factor == 1.0:
+        _assert_matches_reference(definition, inputs, outputs)
+    else:
+        _assert_matches_reference(definition, base, {"output": (outputs["output"].float() / factor).bfloat16(),
+                                                     "lse": outputs["lse"]})
+
+
+@pytest.mark.parametrize("scaled", ["q", "kv", "both"])
+def test_fp8_values_past_the_fp16_range_need_the_kernels_shifts(scaled):
+    """The kernel's power-of-two shifts (hopper_mla.cu, top) keep q and tokens past 65504 exact: its
+    numerics emulated with them pass the contest tolerance, without them fp16 overflows."""
+    definition = _definition(64, 512, "_fp8kv")
+    base = _inputs(definition, 3, 64, "cpu", seed=5, pattern="scattered", valid=(512, 7, 300))
+    inputs, _ = _scaled_past_fp16(base, scaled)
+    _check_past_fp16(definition, base, scaled, _emulate_kernel_numerics(inputs, torch.float16, False))
+    with pytest.raises(AssertionError):
+        _check_past_fp16(definition, base, scaled, _emulate_kernel_numerics(inputs, torch.float16, False, False))
 
 
 @pytest.mark.parametrize("suffix", ["_fp8kv", "_fp8kv_lsee"])
@@ -439,6 +506,22 @@ def test_gpu_fp8_scales_below_the_fp16_range_stay_exact():
     inputs["kv_cache"] = kv_cache
     for num_splits in (1, 4):
         _assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
+
+
+@pytest.mark.gpu
+@on_sm90
+@pytest.mark.parametrize("heads", hopper_mla.HEADS)
+@pytest.mark.parametrize("scaled", ["q", "kv", "both"])
+def test_gpu_fp8_values_past_the_fp16_range_stay_exact(heads, scaled):
+    """q and FP8 tokens past fp16's range (_scaled_past_fp16), one split (8 blocks a CTA; at 128 heads in
+    2-CTA clusters) and 4."""
+    definition = _definition(heads, 512, "_fp8kv")
+    base = _inputs(definition, 3, 64, "cuda", seed=heads, pattern="scattered", valid=(512, 7, 300))
+    inputs, _ = _scaled_past_fp16(base, scaled)
+    for num_splits in (1, 4):
+        outputs = _call(definition, inputs, num_splits)
+        assert bool(outputs["output"].isfinite().all())
+        _check_past_fp16(definition, base, scaled, outputs)
 
 
 @pytest.mark.parametrize("runs_here", [True, False])

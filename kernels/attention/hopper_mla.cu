@@ -48,8 +48,8 @@
 //     the cluster loads and dequantizes half of every block's tokens into its own ring, and the
 //     bulk-copy engine copies them, pass by pass, into the peer's ring, completing their bytes on
 //     the peer's full barrier (no fence or remote arrival that would wait for the producer's
-//     loads). A stage is refilled only when both CTAs' consumers have released it (one arrival per
-//     consumer warp on both empty barriers). Only with 2+ blocks per CTA (kClusterMinBlocks). bf16
+//     loads). A stage is refilled only when both CTAs' consumers have released it (every consumer
+//     thread on its own CTA's empty barrier, one arrival per consumer warp on the peer's). Only with 2+ blocks per CTA (kClusterMinBlocks). bf16
 //     keeps one gather per CTA: cp.async cannot write a peer's memory, and that path is
 //     consumer-bound anyway.
 //   - Split-KV (grid y) fills the SMs when tokens x head groups are few; fp32 partials are reduced
@@ -63,7 +63,12 @@
 // the contest tolerance (1e-2 abs and rel; emulated on the test inputs: 52 of 262144 outputs and the
 // lse of 1-token rows off), rounded to fp16 (11 bits) it passes. So that path converts Q to fp16
 // once (exact for bf16 values in fp16's normal range), dequantizes K/V to fp16 and rounds P to
-// fp16. Its assumption: |q| and the dequantized |kv| stay below 65504 (fp16's largest value).
+// fp16. fp16 ends at 65504, bf16 and the fp32 scales do not; values past it are moved into range by
+// powers of two, which are exact and undone in fp32: a head (row of Q) with a value at 2^16 or more
+// is stored scaled by 2^-j (load_q_f16) and consumer 0 multiplies its logits by 2^j; a token whose
+// dequantized or rope values reach 65504 is stored scaled by 2^-k (store_fp8), and consumer 0
+// multiplies its logits and, before rounding P to fp16, its P by 2^k. k stops at 15 (P <= 1 times
+// 2^15 stays in fp16): tokens with values of 2^31 or more still overflow to inf.
 //
 // Shared-memory tiles are 128-byte-swizzled K-major: a [rows x 576] bf16 tile is 9 chunks of
 // [rows x 64] (one 128-byte row per matrix row), element (r, 8k + e) of a chunk at byte
@@ -132,14 +137,15 @@ constexpr int kPBytes = kHeadsPerCta * kSwizzleBytes;  // P [64 heads x 64 token
 constexpr int kQOffset = 0;
 constexpr int kKOffset = kQOffset + kTileBytes;
 constexpr int kPOffset = kKOffset + kStages * kTileBytes;
-constexpr int kIdxOffset = kPOffset + kPBytes;                          // int [kStages][64]
+constexpr int kIdxOffset = kPOffset + kPBytes;  // int [kStages][64] column codes (column_code)
 // Consumer 0 -> 1: float [64] rescale factors and [64] row sums; then, for the cluster reduction,
 // the row sums and [64] row maxima of the split.
 constexpr int kScaleOffset = kIdxOffset + kStages * kBlockTokens * 4;
 constexpr int kSumOffset = kScaleOffset + kHeadsPerCta * 4;
 constexpr int kMaxOffset = kSumOffset + kHeadsPerCta * 4;
 constexpr int kBarOffset = kMaxOffset + kHeadsPerCta * 4;   // u64 full[2], empty[2]
-constexpr int kLayoutBytes = kBarOffset + 2 * kStages * 8;
+constexpr int kQOverOffset = kBarOffset + 2 * kStages * 8;  // int: FP8, Q has a value past fp16's range
+constexpr int kLayoutBytes = kQOverOffset + 4;
 // The dynamic shared-memory base is only 16-byte aligned by the language: 1 KB of slack to align.
 constexpr int kSmemBytes = kLayoutBytes + kAtomAlign;
 constexpr int kSmemLimit = 227 * 1024;  // sm_90's per-block opt-in maximum
@@ -222,6 +228,14 @@ struct Params {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 constexpr int kCkvChunks = kCkvDim / kChunkElems;  // 8
+
+// fp16's range on the FP8 path (top of the file). A bf16 value rounds to fp16 infinity from 2^16 up; below it,
+// bf16's 8-bit significand keeps it at most 65280, which fp16 holds.
+constexpr float kFp16Max = 65504.f;
+constexpr uint32_t kBf16Pow16 = 0x4780;  // 2^16 as bf16 bits
+constexpr int kBf16MaxExponentInFp16 = 15;  // so a row whose largest value has exponent E is scaled by 2^-(E - 15)
+constexpr float kE4m3Max = 448.f;
+constexpr int kMaxTokenShift = 15;  // P (<= 1) times 2^15 stays inside fp16
 constexpr int kPiecesPerRow = kSwizzleBytes / 16;  // 16-byte pieces of a swizzled row: 8
 
 // Named barriers (0 is __syncthreads'): consumer 0 -> 1 and back, and the FP8 producer's own.
@@ -260,6 +274,9 @@ struct Smem {
   __device__ float* row_max() const { return reinterpret_cast<float*>(ptr + kMaxOffset); }
   __device__ uint32_t full(int stage) const { return base + kBarOffset + stage * 8; }
   __device__ uint32_t empty(int stage) const { return base + kBarOffset + (kStages + stage) * 8; }
+  // The bits of the row maxima, reused by the FP8 Q load for the rows' largest |q| (load_q_f16).
+  __device__ int* row_bits() const { return reinterpret_cast<int*>(ptr + kMaxOffset); }
+  __device__ int* q_over() const { return reinterpret_cast<int*>(ptr + kQOverOffset); }
 };
 
 // Byte offset of 16-byte piece `piece` (0..7) of row `row` in a swizzled [rows x 64] chunk.
@@ -288,6 +305,11 @@ static_assert(kLanesPerToken == kPiecesPerRow, "one lane per 16-byte piece of a 
 static_assert(kBlockTokens % kTokensPerPass == 0, "whole passes fill a block");
 
 // This lane's token index of pass q (kPasses passes per block).
+// What the producer tells consumer 0 about each token of a block (Smem::idx): kMaskedColumn, or the fp32
+// bits of the factor 2^shift its logits and P are multiplied by (store_fp8; 0 on the bf16 path).
+constexpr int kMaskedColumn = -1;
+__device__ __forceinline__ int column_code(int shift) { return (127 + shift) << 23; }
+
 __device__ __forceinline__ int pass_index(const Params& p, const Work& w, int q) {
   return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken);
 }
@@ -317,7 +339,7 @@ __device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
         cp_async_16(dst + chunk * kChunkBytes, ckv_row + chunk * kChunkElems, bytes);
       }
       cp_async_16(dst + kCkvChunks * kChunkBytes, kpe + row * p.kv_b_stride + piece * 8, bytes);
-      if (piece == 0) sm.idx(stage)[token] = valid ? idx[pass] : -1;
+      if (piece == 0) sm.idx(stage)[token] = valid ? column_code(0) : kMaskedColumn;
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -380,14 +402,48 @@ __device__ __forceinline__ uint4 dequant8(uint32_t lo, uint32_t hi, float scale)
                     dequant2(hi >> 16, scale));
 }
 
-__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v) {
+// Two bf16 times `scale` (a power of two: exact) -> two fp16, rounded to nearest.
+__device__ __forceinline__ uint32_t bf16x2_to_f16x2(uint32_t v, float scale) {
   const float2 f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&v));
-  const __half2 h = __floats2half2_rn(f.x, f.y);
+  const __half2 h = __floats2half2_rn(f.x * scale, f.y * scale);
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
-__device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v) {
-  return make_uint4(bf16x2_to_f16x2(v.x), bf16x2_to_f16x2(v.y), bf16x2_to_f16x2(v.z), bf16x2_to_f16x2(v.w));
+__device__ __forceinline__ uint4 bf16x8_to_f16x8(uint4 v, float scale = 1.f) {
+  return make_uint4(bf16x2_to_f16x2(v.x, scale), bf16x2_to_f16x2(v.y, scale), bf16x2_to_f16x2(v.z, scale),
+                    bf16x2_to_f16x2(v.w, scale));
+}
+
+// The largest magnitude of 8 bf16 values, as the bits of an fp32 (which order as the values do).
+__device__ __forceinline__ uint32_t bf16x8_absmax_bits(uint4 v) {
+  constexpr uint32_t kAbs = 0x7FFF7FFF;
+  const uint32_t halves = __vmaxu2(__vmaxu2(v.x & kAbs, v.y & kAbs), __vmaxu2(v.z & kAbs, v.w & kAbs));
+  return max(halves << 16, halves & 0xFFFF0000u);
+}
+
+// How far row values whose largest has fp32 bits `bits` are scaled down for fp16: 2^-shift with
+// shift = max(0, exponent - 15), which leaves a bf16 value at most 65280.
+__device__ __forceinline__ int q_row_shift(int bits) { return max(0, (bits >> 23) - 127 - kBf16MaxExponentInFp16); }
+
+// fp16's range (top of the file): the largest magnitude this lane's slice of a token can dequantize
+// to (448 times its largest scale) or holds (its rope values).
+__device__ __forceinline__ float slice_largest(const Fp8Slice& s) {
+  const float scale = fmaxf(fmaxf(fabsf(s.scale.x), fabsf(s.scale.y)), fmaxf(fabsf(s.scale.z), fabsf(s.scale.w)));
+  return fmaxf(scale * kE4m3Max, __uint_as_float(bf16x8_absmax_bits(s.kpe)));
+}
+
+// How far a token is scaled down: 0 while its largest value (over its kLanesPerToken adjacent lanes)
+// stays under 65504, else k with that value times 2^-k below 2^15, at most kMaxTokenShift.
+__device__ __forceinline__ int token_shift(const Fp8Slice& s) {
+  static_assert(kLanesPerToken == 8 && 32 % kLanesPerToken == 0, "a token's lanes: 3 xor-shuffle steps in a warp");
+  float largest = slice_largest(s);
+#pragma unroll
+  for (int lane = 1; lane < kLanesPerToken; lane *= 2) {
+    largest = fmaxf(largest, __shfl_xor_sync(0xFFFFFFFF, largest, lane));
+  }
+  if (!(largest >= kFp16Max)) return 0;
+  const int exponent = (__float_as_int(largest) >> 23) - 127;  // >= 15 here
+  return min(exponent - 14, kMaxTokenShift);
 }
 
 // What a pass sends to the peer: its 16 tokens' rows of every chunk (one contiguous run of 128-byte
@@ -401,9 +457,11 @@ static_assert(kPassRowBytes % 16 == 0 && kPassIdxBytes % 16 == 0 && kIdxOffset %
                   (kStages * kBlockTokens * 4) % 16 == 0,
               "bulk copies move 16-byte multiples between 16-byte aligned addresses");
 
-__device__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& s) {
+// The slice scaled down by 2^shift (shift 0: the compiler drops the multiplies).
+__device__ __forceinline__ void store_fp8_shifted(const Smem& sm, int stage, int token, const Fp8Slice& s, int shift) {
   const int piece = threadIdx.x % kLanesPerToken;
-  const float scales[kNumScales] = {s.scale.x, s.scale.y, s.scale.z, s.scale.w};
+  const float down = __int_as_float((127 - shift) << 23);  // 2^-shift
+  const float scales[kNumScales] = {s.scale.x * down, s.scale.y * down, s.scale.z * down, s.scale.w * down};
   // Group g's 16 values of this lane are dims g*128 + piece*16 .. +15: chunk 2g + piece/4, pieces
   // 2 (piece % 4) and +1. Lanes 4-7 store their odd piece first so that a quarter warp's 8 stores
   // hit 8 distinct 16-byte bank groups.
@@ -419,8 +477,17 @@ __device__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& 
     st_shared_v4(chunk_base + swizzled(token, piece0 + first), first ? hi : lo);
     st_shared_v4(chunk_base + swizzled(token, piece0 + 1 - first), first ? lo : hi);
   }
-  st_shared_v4(sm.k(stage) + kCkvChunks * kChunkBytes + swizzled(token, piece), bf16x8_to_f16x8(s.kpe));
-  if (piece == 0) sm.idx(stage)[token] = s.idx >= 0 ? s.idx : -1;
+  st_shared_v4(sm.k(stage) + kCkvChunks * kChunkBytes + swizzled(token, piece), bf16x8_to_f16x8(s.kpe, down));
+  if (piece == 0) sm.idx(stage)[token] = s.idx >= 0 ? column_code(shift) : kMaskedColumn;
+}
+
+// One vote a warp keeps the common case (every value inside fp16's range) free of the shift's work.
+__device__ __forceinline__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& s) {
+  if (__any_sync(0xFFFFFFFF, slice_largest(s) >= kFp16Max)) {
+    store_fp8_shifted(sm, stage, token, s, token_shift(s));
+  } else {
+    store_fp8_shifted(sm, stage, token, s, 0);
+  }
 }
 
 // The pass of tokens first_token .. +15 of `stage` -> the same offsets of the peer's ring, by the
@@ -458,7 +525,7 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
     const int b = q / kMyPasses;
     const int stage = b % kStages;
     if (q % kMyPasses == 0 && b >= kStages) {
-      // Every CTA's consumers are done with block b - 2 (each arrives on every peer's empty barrier).
+      // Both CTAs' consumers are done with block b - 2 (every local thread and every peer warp arrived).
       mbar_wait(sm.empty(stage), ((b / kStages) - 1) & 1);
     }
     store_fp8(sm, stage, token_of(q), cur);
@@ -521,18 +588,16 @@ __device__ __forceinline__ void wait_stage(const Smem& sm, int b) {
 }
 
 // This consumer warpgroup is done with block b's stage (K, V, idx), for every CTA's producer that
-// writes it: in a cluster, one arrival per warp (after the warp's wgmma wait) on both empty barriers.
+// writes it: every thread arrives on its own CTA's empty barrier and, in a cluster, one lane per warp
+// (after the warp's wgmma wait) on the peer's. (With one lane per warp on both, racecheck reported the
+// other lanes' reads of a reused stage against the producer's next writes of it.)
 template <int kPeers>
 __device__ __forceinline__ void release_stage(const Smem& sm, int b, uint32_t peer_delta) {
   const int stage = b % kStages;
+  mbar_arrive(sm.empty(stage));
   if constexpr (kPeers > 1) {
     __syncwarp();
-    if (threadIdx.x % 32 == 0) {
-      mbar_arrive(sm.empty(stage));
-      mbar_arrive_cluster(sm.empty(stage) + peer_delta);
-    }
-  } else {
-    mbar_arrive(sm.empty(stage));
+    if (threadIdx.x % 32 == 0) mbar_arrive_cluster(sm.empty(stage) + peer_delta);
   }
 }
 
@@ -703,15 +768,40 @@ __device__ __forceinline__ uint64_t v_desc(const Smem& sm, int stage, int c) {
 }
 constexpr uint32_t kVStepBytes = (kMmaK / 8) * kSwizzleAtomBytes;  // 16 tokens: two 8-row atoms
 
+// FP8: multiplies this thread's S (or P) values by their tokens' factors 2^shift (store_fp8): masked
+// columns (code -1) stay as they are.
+__device__ __forceinline__ void scale_columns(float (&s)[kSRegs], const int* code, const Rows& rows) {
+#pragma unroll
+  for (int n = 0; n < kBlockTokens / 8; ++n) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int c = code[8 * n + 2 * rows.quad + j];
+      const float factor = c == kMaskedColumn ? 1.f : __int_as_float(c);
+#pragma unroll
+      for (int i = 0; i < 2; ++i) s[4 * n + 2 * i + j] *= factor;
+    }
+  }
+}
+
 // Consumer 0 (the softmax warpgroup): S = Q . K^T over all 64 tokens of a block (m64n64: Q is read
 // from shared memory once a block, not once per consumer), the online softmax with whole rows (no
 // exchange of row maxima), P to shared memory for consumer 1 and, from registers, its own
 // O[:, 0 .. 255] += P . V. It does not wait for consumer 1's PV: the tensor pipe runs consumer 1's
 // PV of block b beside this warpgroup's S of block b + 1 (FlashMLA's sm90 decode split).
+// FP8: the logits of a row scaled down for fp16 (q_rows_shifted, load_q_f16) and of a scaled-down
+// token (its column code) are scaled back here, as is that token's P before it is rounded to fp16.
 template <bool kF16, int kPeers>
-__device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, uint32_t peer_delta) {
+__device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, uint32_t peer_delta,
+                                bool q_rows_shifted) {
   const int tid = threadIdx.x - kWarpgroupThreads;
   const Rows rows(tid);
+  float logit_scale[2] = {p.sm_scale_log2, p.sm_scale_log2};
+  if (q_rows_shifted) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      logit_scale[i] *= __int_as_float((127 + q_row_shift(sm.row_bits()[rows.r[i]])) << 23);
+    }
+  }
   float o[kORegs];
 #pragma unroll
   for (int i = 0; i < kORegs; ++i) o[i] = 0.f;
@@ -744,17 +834,29 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
 
     // Scale into the log2 domain, mask invalid tokens, row maxima (a row's 64 values: 16 here, the
     // rest in the quad's other 3 threads).
-    const int* idx = sm.idx(stage);
+    const int* code = sm.idx(stage);
+    // FP8: scaled-down tokens among this warp's columns (one vote; their logits and P scaled back).
+    bool shifted_columns = false;
+    if constexpr (kF16) {
+      int largest = kMaskedColumn;
+#pragma unroll
+      for (int n = 0; n < kBlockTokens / 8; ++n) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) largest = max(largest, code[8 * n + 2 * rows.quad + j]);
+      }
+      shifted_columns = __any_sync(0xFFFFFFFF, largest > column_code(0));
+      if (shifted_columns) scale_columns(s, code, rows);
+    }
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kBlockTokens / 8; ++n) {
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        const bool valid = idx[8 * n + 2 * rows.quad + j] >= 0;
+        const bool valid = code[8 * n + 2 * rows.quad + j] != kMaskedColumn;
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           float& v = s[4 * n + 2 * i + j];
-          v = valid ? v * p.sm_scale_log2 : -INFINITY;
+          v = valid ? v * logit_scale[i] : -INFINITY;
           mx[i] = fmaxf(mx[i], v);
         }
       }
@@ -792,6 +894,7 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
 
     // P as this warpgroup's A fragments (bf16; fp16 on the FP8 path), and to shared memory with the
     // rescale factors for consumer 1, once it has finished with the previous block's.
+    if (shifted_columns) scale_columns(s, code, rows);  // P of scaled-down tokens, after the row sums
     uint32_t pa[kPvSteps][4];
 #pragma unroll
     for (int kk = 0; kk < kPvSteps; ++kk) {
@@ -905,42 +1008,84 @@ __device__ void consume_pv(const Params& p, const Smem& sm, const Work& w, uint3
   merge_in_cluster(p, sm, w, true);
 }
 
-// Q [64 heads x 576] -> the resident swizzled tile (64 rows x 72 pieces) by kLoaders threads, this
-// one `loader` of them; bf16 as it is (cp.async), converted to fp16 for the FP8 path (all loads issued
-// before the first store). Each thread fences its writes for wgmma (the async proxy); a barrier
-// publishes the tile.
-template <bool kFp8, int kLoaders>
-__device__ __forceinline__ void load_q(const Params& p, const Smem& sm, const Work& w, int loader) {
-  constexpr int kQPieces = kHeadsPerCta * kChunks * kPiecesPerRow;
-  constexpr int kQPiecesPerThread = kQPieces / kLoaders;
-  static_assert(kQPieces % kLoaders == 0, "the Q pieces divide evenly over the loading threads");
-  uint32_t q_dst[kQPiecesPerThread];
-  const __nv_bfloat16* q_src[kQPiecesPerThread];
+// Q [64 heads x 576] -> the resident swizzled tile (64 rows x 72 pieces), piece q: where it comes from,
+// where it goes, its row.
+struct QPiece {
+  const __nv_bfloat16* src;
+  uint32_t dst;
+  int row;
+};
+constexpr int kQPieces = kHeadsPerCta * kChunks * kPiecesPerRow;
+
+__device__ __forceinline__ QPiece q_piece(const Params& p, const Smem& sm, const Work& w, int q) {
+  const int row = q / (kChunks * kPiecesPerRow);
+  const int chunk = (q / kPiecesPerRow) % kChunks;
+  const int piece = q % kPiecesPerRow;
+  const long long head = w.group * kHeadsPerCta + row;
+  const __nv_bfloat16* src =
+      chunk < kCkvChunks ? p.q_nope + w.t * p.q_nope_stride_t + head * p.q_nope_stride_h + chunk * kChunkElems + piece * 8
+                         : p.q_pe + w.t * p.q_pe_stride_t + head * p.q_pe_stride_h + piece * 8;
+  return {src, sm.q() + chunk * kChunkBytes + swizzled(row, piece), row};
+}
+
+// bf16: Q as it is, by every thread of the CTA (cp.async), fenced for wgmma (the async proxy); the
+// caller's barrier publishes it.
+__device__ __forceinline__ void load_q_bf16(const Params& p, const Smem& sm, const Work& w) {
+  static_assert(kQPieces % kThreads == 0, "the Q pieces divide evenly over the CTA's threads");
 #pragma unroll
-  for (int k = 0; k < kQPiecesPerThread; ++k) {
-    const int q = k * kLoaders + loader;
-    const int row = q / (kChunks * kPiecesPerRow);
-    const int chunk = (q / kPiecesPerRow) % kChunks;
-    const int piece = q % kPiecesPerRow;
-    const long long head = w.group * kHeadsPerCta + row;
-    q_src[k] = chunk < kCkvChunks
-                   ? p.q_nope + w.t * p.q_nope_stride_t + head * p.q_nope_stride_h + chunk * kChunkElems + piece * 8
-                   : p.q_pe + w.t * p.q_pe_stride_t + head * p.q_pe_stride_h + piece * 8;
-    q_dst[k] = sm.q() + chunk * kChunkBytes + swizzled(row, piece);
+  for (int k = 0; k < kQPieces / kThreads; ++k) {
+    const QPiece q = q_piece(p, sm, w, k * kThreads + threadIdx.x);
+    cp_async_16(q.dst, q.src, 16);
   }
-  if constexpr (kFp8) {
-    uint4 q_raw[kQPiecesPerThread];
+  cp_async_commit();
+  cp_async_wait_all();
+  fence_proxy_async();
+}
+
+// FP8: Q converted to fp16 by the consumers' 256 threads (this one `loader`; all loads issued before
+// the first store) and published to both consumer warpgroups (kBarQReady). fp16 overflows where bf16
+// reaches 2^16; a CTA with such a value (Smem::q_over, set by any thread that saw one, read by all
+// after the barrier) reads Q again for the rows' largest magnitudes (Smem::row_bits) and once more to
+// store each row scaled by 2^-q_row_shift (exact), and consumer 0 scales the row's logits back
+// (reloaded rather than kept: 72 registers live across the barrier spilled). Returns whether it did.
+// The check costs 0.4-0.9 us at T <= 2 (H200); 4 threads a row finding each row's shift by shuffles,
+// with no second pass, cost more: every load then lands before the first store (0.5-1 us more;
+// profiles/h200/attention/session10/).
+__device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, const Work& w, int loader) {
+  constexpr int kPerThread = kQPieces / kConsumerThreads;
+  static_assert(kQPieces % kConsumerThreads == 0, "the Q pieces divide evenly over the consumer threads");
+  static_assert(kHeadsPerCta <= kConsumerThreads, "one consumer thread clears each row's maximum");
+  uint4 raw[kPerThread];
 #pragma unroll
-    for (int k = 0; k < kQPiecesPerThread; ++k) q_raw[k] = ld_global_nc_v4(q_src[k]);
+  for (int k = 0; k < kPerThread; ++k) raw[k] = ld_global_nc_v4(q_piece(p, sm, w, k * kConsumerThreads + loader).src);
+  uint32_t largest = 0;
 #pragma unroll
-    for (int k = 0; k < kQPiecesPerThread; ++k) st_shared_v4(q_dst[k], bf16x8_to_f16x8(q_raw[k]));
-  } else {
-#pragma unroll
-    for (int k = 0; k < kQPiecesPerThread; ++k) cp_async_16(q_dst[k], q_src[k], 16);
-    cp_async_commit();
-    cp_async_wait_all();
+  for (int k = 0; k < kPerThread; ++k) {
+    st_shared_v4(q_piece(p, sm, w, k * kConsumerThreads + loader).dst, bf16x8_to_f16x8(raw[k]));
+    largest = max(largest, bf16x8_absmax_bits(raw[k]));
   }
   fence_proxy_async();
+  if (largest >= (kBf16Pow16 << 16)) atomicOr(sm.q_over(), 1);
+  named_barrier_sync(kBarQReady, kConsumerThreads);
+  if (!*sm.q_over()) return false;
+  int* row_bits = sm.row_bits();
+  if (loader < kHeadsPerCta) row_bits[loader] = 0;
+  named_barrier_sync(kBarQReady, kConsumerThreads);
+#pragma unroll 1
+  for (int k = 0; k < kPerThread; ++k) {
+    const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
+    atomicMax(&row_bits[q.row], bf16x8_absmax_bits(ld_global_nc_v4(q.src)));
+  }
+  named_barrier_sync(kBarQReady, kConsumerThreads);
+#pragma unroll 1
+  for (int k = 0; k < kPerThread; ++k) {
+    const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
+    const float down = __int_as_float((127 - q_row_shift(row_bits[q.row])) << 23);
+    st_shared_v4(q.dst, bf16x8_to_f16x8(ld_global_nc_v4(q.src), down));
+  }
+  fence_proxy_async();
+  named_barrier_sync(kBarQReady, kConsumerThreads);
+  return true;
 }
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
@@ -964,10 +1109,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   w.num_blocks = (w.n_mine + kBlockTokens - 1) / kBlockTokens;
 
   if (threadIdx.x == 0) {
+    *sm.q_over() = 0;
     for (int s = 0; s < kStages; ++s) {
       mbar_init(sm.full(s), kWarpgroupThreads);  // every local producer thread arrives (the peer: bytes)
-      // Every consumer thread; in a cluster, every consumer warp of every CTA.
-      mbar_init(sm.empty(s), kPeers > 1 ? kConsumerThreads / 32 * kPeers : kConsumerThreads);
+      // Every local consumer thread and, in a cluster, every consumer warp of the peer.
+      mbar_init(sm.empty(s), kConsumerThreads + (kPeers - 1) * kConsumerThreads / 32);
     }
     if constexpr (kPeers > 1) fence_mbarrier_init_cluster();
   }
@@ -979,7 +1125,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   // h128 T=2 15.8 against 17.3; session9/builds/); bf16 lost up to 2 us that way (h64 T=16 28.1 against
   // 25.9; session9/q-overlap-both/), its first S then waiting longer for Q, and 0.6-1.3 us with the
   // producer issuing Q ahead of block 0 (session9/q-producer-bf16/; under profiles/h200/attention/).
-  if constexpr (!kFp8) load_q<kFp8, kThreads>(p, sm, w, threadIdx.x);
+  if constexpr (!kFp8) load_q_bf16(p, sm, w);
   // The initialized barriers (and bf16's Q) are visible to every warpgroup, and to the peer, whose
   // producer arrives and copies into them, before any role starts.
   if constexpr (kPeers > 1) {
@@ -1000,19 +1146,14 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
     merge_in_cluster(p, sm, w, false);
   } else if (warpgroup == 1) {
     setmaxnreg_inc<Regs<kFp8>::kSoftmax>();
-    if constexpr (kFp8) {
-      load_q<kFp8, kConsumerThreads>(p, sm, w, threadIdx.x - kWarpgroupThreads);
-      named_barrier_sync(kBarQReady, kConsumerThreads);  // all of Q, before this warpgroup's first S
-    }
-    consume_softmax<kFp8, kPeers>(p, sm, w, peer_delta);
+    bool q_rows_shifted = false;
+    if constexpr (kFp8) q_rows_shifted = load_q_f16(p, sm, w, threadIdx.x - kWarpgroupThreads);
+    consume_softmax<kFp8, kPeers>(p, sm, w, peer_delta, q_rows_shifted);
   } else {
     setmaxnreg_inc<Regs<kFp8>::kPv>();
-    if constexpr (kFp8) {
-      load_q<kFp8, kConsumerThreads>(p, sm, w, threadIdx.x - kWarpgroupThreads);
-      // This warpgroup never reads Q, but a sync rather than an arrival: with bar.arrive here racecheck
-      // reported the consumers' later hand-off of the rescale factors (kBarPReady) as a race.
-      named_barrier_sync(kBarQReady, kConsumerThreads);
-    }
+    // This warpgroup never reads Q but loads half of it, through the same barriers (with bar.arrive on
+    // kBarQReady here racecheck reported the consumers' later hand-off of the rescale factors as a race).
+    if constexpr (kFp8) load_q_f16(p, sm, w, threadIdx.x - kWarpgroupThreads);
     consume_pv<kFp8, kPeers>(p, sm, w, peer_delta);
   }
   // A CTA's shared memory must outlive the peer's last store and arrivals into it.

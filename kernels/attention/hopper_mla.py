@@ -7,7 +7,8 @@ the shapes this kernel serves: 64 or 128 heads (a CTA owns 64 heads of one token
 of 64 up to 2048, bf16 KV (ckv_cache + kpe_cache) or FP8 KV (kv_cache, 656-byte tokens), LSE base 2
 or e, -1 indices anywhere, empty rows (output 0, lse -inf). FP8 KV is dequantized to fp16 and
 multiplied in fp16 (Q converted once), as bf16 rounding of the dequantized values fails the contest
-tolerance (hopper_mla.cu says why); that path assumes |q| and |kv| below 65504. Not served: topk_length and the
+tolerance (hopper_mla.cu says why); rows of Q and tokens with values past fp16's range are scaled into
+it by powers of two and scaled back in fp32 (exact), up to token values of 2^31. Not served: topk_length and the
 attention sink (the Triton kernel serves them). Runs only on compute capability 9.0 (sm_90a: wgmma,
 setmaxnreg); any other GPU is refused before the library is loaded.
 

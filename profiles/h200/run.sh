@@ -29,7 +29,7 @@
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9"
+MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10"
 MODE=${1:?usage: run.sh $MODES OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
@@ -154,6 +154,49 @@ elif [ "$MODE" = session9 ]; then
   step bench-builds 300 bash $P/attention/bench_builds.sh "$P/attention/session9/builds" \
     new=build/sm90a/libhopper_mla.so head=.carry/head/libhopper_mla.so,combine new2=build/sm90a/libhopper_mla.so
   bash "$0" scratch-tests "$OUT/scratch"
+elif [ "$MODE" = fp16-range ]; then
+  # FP8 values past fp16's range (session 10): the build against session 9's, A/B/A, each through the
+  # Hopper GPU tests (the old build fails the new range tests), the sanitizers on the range tests, and
+  # racecheck on a clustered FP8 case that reuses ring stages (8 blocks a CTA) with both builds.
+  step bench-builds 330 bash $P/attention/bench_builds.sh "$P/attention/session10/fp16-range" \
+    new=build/sm90a/libhopper_mla.so s9=.carry/s9final/libhopper_mla.so new2=build/sm90a/libhopper_mla.so
+  for tool in memcheck synccheck racecheck; do
+    step "range-$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 1 python3 -m pytest -q -m gpu \
+      -p no:cacheprovider tests/test_attention_hopper.py -k "past_the_fp16 and (both or q-128)"
+  done
+  step reuse-racecheck-new 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    python3 $P/attention/hopper_check.py 128-2048-2-fp8-4-scattered
+  cp build/sm90a/libhopper_mla.so /tmp/libhopper_mla.new.so && cp .carry/s9final/libhopper_mla.so build/sm90a/
+  step reuse-racecheck-s9 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    python3 $P/attention/hopper_check.py 128-2048-2-fp8-4-scattered
+  cp /tmp/libhopper_mla.new.so build/sm90a/libhopper_mla.so
+elif [ "$MODE" = fp16-range-ab ]; then
+  # What each part of the fp16-range handling costs: builds with one part taken out (.carry/cv10/, made
+  # from session 10's kernel by text substitutions), against session 9's kernel and the whole new one.
+  V=.carry/cv10
+  step bench-builds 420 bash $P/attention/bench_builds.sh "$P/attention/session10/fp16-range-ab" \
+    s9=.carry/s9final/libhopper_mla.so new=build/sm90a/libhopper_mla.so none=$V/none/libhopper_mla.so \
+    release_old=$V/release_old/libhopper_mla.so no_qcheck=$V/no_qcheck/libhopper_mla.so \
+    no_prodcheck=$V/no_prodcheck/libhopper_mla.so no_conscheck=$V/no_conscheck/libhopper_mla.so
+elif [ "$MODE" = session10 ]; then
+  # Session 10's kernel (fp16's range on the FP8 path) against session 9's and the one without the
+  # range handling (none: .carry/cv10/none, session 10's with its checks taken out); then the whole GPU
+  # suite, the sanitizers and verify.
+  step bench-builds 300 bash $P/attention/bench_builds.sh "$P/attention/session10/builds" \
+    s9=.carry/s9final/libhopper_mla.so new=build/sm90a/libhopper_mla.so none=.carry/cv10/none/libhopper_mla.so \
+    new2=build/sm90a/libhopper_mla.so
+  step pytest-gpu 200 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  for tool in memcheck synccheck racecheck; do
+    step "range-$tool" 150 compute-sanitizer --tool "$tool" --error-exitcode 1 python3 -m pytest -q -m gpu \
+      -p no:cacheprovider tests/test_attention_hopper.py -k "past_the_fp16 and (both or q-128)"
+  done
+  sanitize_hopper session10
+  step reuse-racecheck 60 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    python3 $P/attention/hopper_check.py 128-2048-2-fp8-4-scattered
+  step verify-contest 120 $DSACTL verify --suite contest -d 'dsa_sparse_attention*' --trials 1 \
+    --json "$P/attention/session10/verify-contest-attention.json"
+  step verify-hopper 120 $DSACTL verify --suite all -d 'dsa_sparse_attention_h*' -s dsactl-attention-hopper \
+    -s dsactl-attention-hopper-lsee -s dsactl-attention-hopper-fp8kv --trials 1 --json "$P/attention/session10/verify-hopper.json"
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev
