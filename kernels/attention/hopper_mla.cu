@@ -137,10 +137,10 @@ constexpr int kPBytes = kHeadsPerCta * kSwizzleBytes;  // P [64 heads x 64 token
 constexpr int kQOffset = 0;
 constexpr int kKOffset = kQOffset + kTileBytes;
 constexpr int kPOffset = kKOffset + kStages * kTileBytes;
-constexpr int kIdxOffset = kPOffset + kPBytes;  // int [kStages][64] column codes (column_code)
+constexpr int kCodeOffset = kPOffset + kPBytes;  // int [kStages][64] column codes (column_code)
 // Consumer 0 -> 1: float [64] rescale factors and [64] row sums; then, for the cluster reduction,
 // the row sums and [64] row maxima of the split.
-constexpr int kScaleOffset = kIdxOffset + kStages * kBlockTokens * 4;
+constexpr int kScaleOffset = kCodeOffset + kStages * kBlockTokens * 4;
 constexpr int kSumOffset = kScaleOffset + kHeadsPerCta * 4;
 constexpr int kMaxOffset = kSumOffset + kHeadsPerCta * 4;
 constexpr int kBarOffset = kMaxOffset + kHeadsPerCta * 4;   // u64 full[2], empty[2]
@@ -265,9 +265,9 @@ struct Smem {
   __device__ uint32_t q() const { return base + kQOffset; }
   __device__ uint32_t k(int stage) const { return base + kKOffset + stage * kTileBytes; }
   __device__ uint32_t p() const { return base + kPOffset; }
-  __device__ int* idx(int stage) const { return reinterpret_cast<int*>(ptr + kIdxOffset) + stage * kBlockTokens; }
-  __device__ uint32_t idx_addr(int stage, int token) const {
-    return base + kIdxOffset + (stage * kBlockTokens + token) * 4;
+  __device__ int* codes(int stage) const { return reinterpret_cast<int*>(ptr + kCodeOffset) + stage * kBlockTokens; }
+  __device__ uint32_t code_addr(int stage, int token) const {
+    return base + kCodeOffset + (stage * kBlockTokens + token) * 4;
   }
   __device__ float* row_scale() const { return reinterpret_cast<float*>(ptr + kScaleOffset); }
   __device__ float* row_sum() const { return reinterpret_cast<float*>(ptr + kSumOffset); }
@@ -305,7 +305,7 @@ static_assert(kLanesPerToken == kPiecesPerRow, "one lane per 16-byte piece of a 
 static_assert(kBlockTokens % kTokensPerPass == 0, "whole passes fill a block");
 
 // This lane's token index of pass q (kPasses passes per block).
-// What the producer tells consumer 0 about each token of a block (Smem::idx): kMaskedColumn, or the fp32
+// What the producer tells consumer 0 about each token of a block (Smem::codes): kMaskedColumn, or the fp32
 // bits of the factor 2^shift its logits and P are multiplied by (store_fp8; 0 on the bf16 path).
 constexpr int kMaskedColumn = -1;
 __device__ __forceinline__ int column_code(int shift) { return (127 + shift) << 23; }
@@ -339,7 +339,7 @@ __device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
         cp_async_16(dst + chunk * kChunkBytes, ckv_row + chunk * kChunkElems, bytes);
       }
       cp_async_16(dst + kCkvChunks * kChunkBytes, kpe + row * p.kv_b_stride + piece * 8, bytes);
-      if (piece == 0) sm.idx(stage)[token] = valid ? column_code(0) : kMaskedColumn;
+      if (piece == 0) sm.codes(stage)[token] = valid ? column_code(0) : kMaskedColumn;
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -447,13 +447,13 @@ __device__ __forceinline__ int token_shift(const Fp8Slice& s) {
 }
 
 // What a pass sends to the peer: its 16 tokens' rows of every chunk (one contiguous run of 128-byte
-// rows: the swizzle depends only on the row) and their 16 idx entries. A block's full barrier
+// rows: the swizzle depends only on the row) and their 16 column codes. A block's full barrier
 // expects the peer's passes of that block.
 constexpr uint32_t kPassRowBytes = kTokensPerPass * kSwizzleBytes;  // 2 KB per chunk
-constexpr uint32_t kPassIdxBytes = kTokensPerPass * 4;
+constexpr uint32_t kPassCodeBytes = kTokensPerPass * 4;
 template <int kPeers>
-constexpr uint32_t kPeerBytes = (kPasses - kPasses / kPeers) * (kChunks * kPassRowBytes + kPassIdxBytes);
-static_assert(kPassRowBytes % 16 == 0 && kPassIdxBytes % 16 == 0 && kIdxOffset % 16 == 0 &&
+constexpr uint32_t kPeerBytes = (kPasses - kPasses / kPeers) * (kChunks * kPassRowBytes + kPassCodeBytes);
+static_assert(kPassRowBytes % 16 == 0 && kPassCodeBytes % 16 == 0 && kCodeOffset % 16 == 0 &&
                   (kStages * kBlockTokens * 4) % 16 == 0,
               "bulk copies move 16-byte multiples between 16-byte aligned addresses");
 
@@ -478,7 +478,7 @@ __device__ __forceinline__ void store_fp8_shifted(const Smem& sm, int stage, int
     st_shared_v4(chunk_base + swizzled(token, piece0 + 1 - first), first ? lo : hi);
   }
   st_shared_v4(sm.k(stage) + kCkvChunks * kChunkBytes + swizzled(token, piece), bf16x8_to_f16x8(s.kpe, down));
-  if (piece == 0) sm.idx(stage)[token] = s.idx >= 0 ? column_code(shift) : kMaskedColumn;
+  if (piece == 0) sm.codes(stage)[token] = s.idx >= 0 ? column_code(shift) : kMaskedColumn;
 }
 
 // One vote a warp keeps the common case (every value inside fp16's range) free of the shift's work.
@@ -500,8 +500,8 @@ __device__ __forceinline__ void send_pass(const Smem& sm, int stage, int first_t
     const uint32_t src = rows + chunk * kChunkBytes;
     bulk_copy_to_peer(src + peer_delta, src, kPassRowBytes, peer_full);
   }
-  const uint32_t idx = sm.idx_addr(stage, first_token);
-  bulk_copy_to_peer(idx + peer_delta, idx, kPassIdxBytes, peer_full);
+  const uint32_t codes = sm.code_addr(stage, first_token);
+  bulk_copy_to_peer(codes + peer_delta, codes, kPassCodeBytes, peer_full);
 }
 
 template <int kPeers>
@@ -587,7 +587,7 @@ __device__ __forceinline__ void wait_stage(const Smem& sm, int b) {
   mbar_wait(sm.full(b % kStages), (b / kStages) & 1);
 }
 
-// This consumer warpgroup is done with block b's stage (K, V, idx), for every CTA's producer that
+// This consumer warpgroup is done with block b's stage (K, V, codes), for every CTA's producer that
 // writes it: every thread arrives on its own CTA's empty barrier and, in a cluster, one lane per warp
 // (after the warp's wgmma wait) on the peer's. (With one lane per warp on both, racecheck reported the
 // other lanes' reads of a reused stage against the producer's next writes of it.)
@@ -834,7 +834,7 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
 
     // Scale into the log2 domain, mask invalid tokens, row maxima (a row's 64 values: 16 here, the
     // rest in the quad's other 3 threads).
-    const int* code = sm.idx(stage);
+    const int* code = sm.codes(stage);
     // FP8: scaled-down tokens among this warp's columns (one vote; their logits and P scaled back).
     bool shifted_columns = false;
     if constexpr (kF16) {
