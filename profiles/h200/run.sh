@@ -29,7 +29,7 @@
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10"
+MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|fp8-f16"
 MODE=${1:?usage: run.sh $MODES OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
@@ -197,6 +197,10 @@ elif [ "$MODE" = session10 ]; then
     --json "$P/attention/session10/verify-contest-attention.json"
   step verify-hopper 120 $DSACTL verify --suite all -d 'dsa_sparse_attention_h*' -s dsactl-attention-hopper \
     -s dsactl-attention-hopper-lsee -s dsactl-attention-hopper-fp8kv --trials 1 --json "$P/attention/session10/verify-hopper.json"
+elif [ "$MODE" = fp8-f16 ]; then
+  # Prepared in session 10, not yet run: the Triton FP8 kernel with one fp16 tile (attention/next/).
+  step fp8-f16-compile 120 python3 $P/attention/next/triton_fp8_f16.py --compile
+  step fp8-f16 300 python3 $P/attention/next/triton_fp8_f16.py "$P/attention/next/fp8-f16"
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev
