@@ -1,3 +1,4 @@
+import dataclasses
 import json
 
 import pytest
@@ -59,6 +60,23 @@ def test_attention_patterns():
     valid = (x["sparse_indices"] != -1).sum(1).tolist()
     assert valid == [1, 100, 1500, 2047]
     assert (x["sparse_indices"][1, :100] == -1).any()  # -1 anywhere, not only at the tail
+
+
+def test_large_q_workloads_pass_fp16s_range_with_the_usual_logits():
+    """edge-attention-large-q-*: q times 2^17 (past fp16's 65504, which the Hopper FP8 path must handle)
+    and sm_scale divided by as much, so the reference gives the unscaled workload's output and lse."""
+    ws = {w.uuid: w for w in workloads.suite("edge")}
+    for tag in ("h16-fp8", "h128-bf16"):
+        w = ws[f"edge-attention-large-q-{tag}"]
+        x = workloads.make_inputs(w, "cpu", 0)
+        assert x["q_nope"].float().abs().amax(dim=(0, 2)).min() > 65504  # in every head
+        plain = workloads.make_inputs(dataclasses.replace(w, params={k: v for k, v in w.params.items()
+                                                                    if k not in ("q_scale", "sm_scale")}), "cpu", 0)
+        assert torch.equal(x["q_nope"], (plain["q_nope"].float() * w.params["q_scale"]).bfloat16())
+        d = get(w.definition)
+        want, got = d.run_reference(plain), d.run_reference(x)
+        torch.testing.assert_close(got["output"], want["output"], rtol=0, atol=0)
+        torch.testing.assert_close(got["lse"], want["lse"], rtol=1e-6, atol=1e-6)
 
 
 def test_select_filters_and_errors():

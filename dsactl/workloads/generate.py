@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from dsactl.definitions import Definition, get
+from dsactl.definitions.attention import CONTEST_SM_SCALE
 from dsactl.fp8 import MLA_TOKEN_BYTES, PAGE_SIZE, quantize_index_k, quantize_mla_kv
 from dsactl.workloads.workload import Workload
 
@@ -104,9 +105,12 @@ def attention_inputs(d: Definition, w: Workload, device, seed: int) -> dict[str,
     p = w.params
     heads, topk = d.params["heads"], d.params["topk"]
     num_tokens, num_pages = w.axes["num_tokens"], w.axes["num_pages"]
+    # q_scale (a power of two, so exact in bf16) takes q past fp16's range; the workload divides
+    # sm_scale by as much, which keeps the logits (and the contest tolerance's meaning).
+    q_scale = float(p.get("q_scale", 1.0))
     out: dict[str, Any] = {
-        "q_nope": _randn((num_tokens, heads, 512), g, device).to(torch.bfloat16),
-        "q_pe": _randn((num_tokens, heads, 64), g, device).to(torch.bfloat16),
+        "q_nope": _randn((num_tokens, heads, 512), g, device, q_scale).to(torch.bfloat16),
+        "q_pe": _randn((num_tokens, heads, 64), g, device, q_scale).to(torch.bfloat16),
     }
     ckv = _randn((num_pages, PAGE_SIZE, 512), g, device).to(torch.bfloat16)
     kpe = _randn((num_pages, PAGE_SIZE, 64), g, device).to(torch.bfloat16)
@@ -116,7 +120,7 @@ def attention_inputs(d: Definition, w: Workload, device, seed: int) -> dict[str,
     else:
         out["ckv_cache"], out["kpe_cache"] = ckv, kpe
     out["sparse_indices"] = _sparse_indices(p, num_tokens, topk, num_pages * PAGE_SIZE, g, device)
-    out["sm_scale"] = float(p.get("sm_scale", 0.1352337788608801))
+    out["sm_scale"] = float(p.get("sm_scale", CONTEST_SM_SCALE))
     if d.params["has_topk_length"]:
         out["topk_length"] = torch.randint(0, topk + 1, (num_tokens,), generator=g, device=device, dtype=torch.int32)
     if d.params["has_sink"]:

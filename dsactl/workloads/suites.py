@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 from dsactl.definitions import CONTEST_ATTENTION, CONTEST_INDEXER
+from dsactl.definitions.attention import CONTEST_SM_SCALE
 from dsactl.errors import DsactlError
 from dsactl.fp8 import PAGE_SIZE
 from dsactl.workloads.workload import Workload
@@ -102,6 +103,7 @@ def scale() -> list[Workload]:
 
 
 EDGE_LENGTHS = (1, 63, 64, 65, 2047, 2048, 2049, 5824, 6145)
+LARGE_Q = 2.0**17  # q of N(0, 1) times this passes 65504 in nearly every head
 TOPK_PATTERNS = ("all_equal", "two_values", "one_bin", "ascending", "descending", "neg_inf_tail", "nan")
 
 
@@ -125,6 +127,10 @@ def edge() -> list[Workload]:
                                   pattern="scattered", valid=(1, 100, 1500, 2047)))
             out.append(_attention(f"edge-attention-duplicates-{tag}", "edge", "duplicates", base, 2, 512,
                                   pattern="duplicates"))
+            # q past fp16's 65504 (the Hopper FP8 path multiplies in fp16), the logits as usual.
+            out.append(_attention(f"edge-attention-large-q-{tag}", "edge", "magnitude", base, 3, 512,
+                                  pattern="scattered", valid=(2048, 7, 300), q_scale=LARGE_Q,
+                                  sm_scale=CONTEST_SM_SCALE / LARGE_Q))
     for suffix in ("_lsee", "_topklen", "_sink", "_fp8kv_lsee_topklen_sink"):
         out.append(_attention(f"edge-attention-variant{suffix}", "edge", "variant",
                               f"dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64{suffix}", 3, 512,
