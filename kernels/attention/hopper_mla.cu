@@ -1048,7 +1048,7 @@ __device__ __forceinline__ void load_q_bf16(const Params& p, const Smem& sm, con
 // after the barrier) reads Q again for the rows' largest magnitudes (Smem::row_bits) and once more to
 // store each row scaled by 2^-q_row_shift (exact), and consumer 0 scales the row's logits back
 // (reloaded rather than kept: 72 registers live across the barrier spilled). Returns whether it did.
-// The check costs 0.4-0.9 us at T <= 2 (H200); 4 threads a row finding each row's shift by shuffles,
+// The check costs 0.3-0.8 us at T <= 2 (H200); 4 threads a row finding each row's shift by shuffles,
 // with no second pass, cost more: every load then lands before the first store (0.5-1 us more;
 // profiles/h200/attention/session10/).
 __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, const Work& w, int loader) {
