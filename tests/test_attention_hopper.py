@@ -270,16 +270,19 @@ def _emulate_kernel_numerics(inputs: dict, mma_dtype: torch.dtype, lse_base_e: b
     """The kernel's roundings on CPU (one split): q and the dequantized K/V in mma_dtype, fp32
     logits, log2-domain softmax, P rounded to mma_dtype for P.V, the sum from unrounded P. With
     `shifts`, as the kernel keeps fp16's range: a row of q whose largest value has exponent E >= 16 is
-    scaled by 2^-(E - 15), a token whose largest dequantized or rope value reaches 65504 by 2^-min(E - 14,
-    15), and the logits (and that token's P) are scaled back in fp32."""
+    scaled by 2^-(E - 15), a token whose bound (448 times its largest scale, or its largest rope value)
+    reaches 65504 by 2^-min(E - 14, 15), and the logits (and that token's P) are scaled back in fp32."""
     q = torch.cat([inputs["q_nope"], inputs["q_pe"]], -1).float()
-    ckv, kpe = fp8.dequantize_mla_kv(inputs["kv_cache"].reshape(-1, fp8.MLA_TOKEN_BYTES))
+    tokens = inputs["kv_cache"].reshape(-1, fp8.MLA_TOKEN_BYTES)
+    ckv, kpe = fp8.dequantize_mla_kv(tokens)
     k = torch.cat([ckv, kpe], -1)
+    scales = tokens.view(torch.uint8)[:, fp8.MLA_SCALE_OFFSET:fp8.MLA_KPE_OFFSET].contiguous().view(torch.float32)
 
     def exponent(x: torch.Tensor) -> torch.Tensor:
         return torch.floor(torch.log2(x.clamp_min(2.0**-126)))
 
-    q_max, k_max = q.abs().amax(-1, keepdim=True), k.abs().amax(-1, keepdim=True)
+    q_max = q.abs().amax(-1, keepdim=True)
+    k_max = torch.maximum(scales.abs().amax(-1, keepdim=True) * 448, kpe.abs().amax(-1, keepdim=True))
     q_shift = torch.where(q_max >= 2.0**16, exponent(q_max) - 15, 0.0) if shifts else torch.zeros_like(q_max)
     k_shift = (torch.where(k_max >= 65504, (exponent(k_max) - 14).clamp(max=15), 0.0) if shifts
                else torch.zeros_like(k_max))
