@@ -172,16 +172,17 @@ elif [ "$MODE" = fp16-range ]; then
   cp /tmp/libhopper_mla.new.so build/sm90a/libhopper_mla.so
 elif [ "$MODE" = fp16-range-ab ]; then
   # What each part of the fp16-range handling costs: builds with one part taken out (.carry/cv10/, made
-  # from session 10's kernel by text substitutions), against session 9's kernel and the whole new one.
+  # here by attention/session10/make_variants.py), against session 9's kernel (.carry/s9final: 2ec554a
+  # built here) and the whole new one.
   V=.carry/cv10
   step bench-builds 420 bash $P/attention/bench_builds.sh "$P/attention/session10/fp16-range-ab" \
     s9=.carry/s9final/libhopper_mla.so new=build/sm90a/libhopper_mla.so none=$V/none/libhopper_mla.so \
     release_old=$V/release_old/libhopper_mla.so no_qcheck=$V/no_qcheck/libhopper_mla.so \
     no_prodcheck=$V/no_prodcheck/libhopper_mla.so no_conscheck=$V/no_conscheck/libhopper_mla.so
 elif [ "$MODE" = session10 ]; then
-  # Session 10's kernel (fp16's range on the FP8 path) against session 9's and the one without the
-  # range handling (none: .carry/cv10/none, session 10's with its checks taken out); then the whole GPU
-  # suite, the sanitizers and verify.
+  # Session 10's kernel (fp16's range on the FP8 path) against session 9's (.carry/s9final: 2ec554a built
+  # here) and the one without the range handling (none: .carry/cv10/none, from
+  # attention/session10/make_variants.py); then the whole GPU suite, the sanitizers and verify.
   step bench-builds 300 bash $P/attention/bench_builds.sh "$P/attention/session10/builds" \
     s9=.carry/s9final/libhopper_mla.so new=build/sm90a/libhopper_mla.so none=.carry/cv10/none/libhopper_mla.so \
     new2=build/sm90a/libhopper_mla.so
