@@ -29,7 +29,7 @@
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|fp8-f16"
+MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|fp8-f16|q-path"
 MODE=${1:?usage: run.sh $MODES OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
@@ -202,6 +202,20 @@ elif [ "$MODE" = fp8-f16 ]; then
   # Prepared in session 10, not yet run: the Triton FP8 kernel with one fp16 tile (attention/next/).
   step fp8-f16-compile 120 python3 $P/attention/next/triton_fp8_f16.py --compile
   step fp8-f16 300 python3 $P/attention/next/triton_fp8_f16.py "$P/attention/next/fp8-f16"
+elif [ "$MODE" = q-path ]; then
+  # Prepared in session 10, not yet run: where the FP8 Q range check's small-T cost sits (the check alone,
+  # the rare path's code alone, neither), and whether a rare path with one barrier fewer is racecheck-clean
+  # on the range tests (.carry/cv10 from attention/session10/make_variants.py).
+  V=.carry/cv10
+  step bench-builds 330 bash $P/attention/bench_builds.sh "$P/attention/q-path" new=build/sm90a/libhopper_mla.so \
+    q_check_only=$V/q_check_only/libhopper_mla.so q_rare_only=$V/q_rare_only/libhopper_mla.so \
+    no_qcheck=$V/no_qcheck/libhopper_mla.so q_rare_prologue_zero=$V/q_rare_prologue_zero/libhopper_mla.so \
+    new2=build/sm90a/libhopper_mla.so
+  cp build/sm90a/libhopper_mla.so /tmp/libhopper_mla.shipped.so
+  cp $V/q_rare_prologue_zero/libhopper_mla.so build/sm90a/libhopper_mla.so
+  step prologue-zero-racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
+    -p no:cacheprovider tests/test_attention_hopper.py -k "past_the_fp16 and (both or q-128)"
+  cp /tmp/libhopper_mla.shipped.so build/sm90a/libhopper_mla.so
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev

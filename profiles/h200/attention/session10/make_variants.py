@@ -6,7 +6,8 @@ fp16-range handling taken out by a text substitution each, compiled as `dsactl b
 
 release_old: one lane a warp arrives on both empty barriers (session 9's release); no_qcheck: no Q range
 check; no_prodcheck: no producer vote (tokens never shifted); no_conscheck: no consumer vote (columns
-never scaled back); none: all four. Each fails the range tests it needs; they exist to be timed.
+never scaled back); none: all four; q_check_only, q_rare_only, q_rare_prologue_zero: below. All but the
+last fail the range tests they need; they exist to be timed.
 """
 
 from __future__ import annotations
@@ -55,12 +56,51 @@ NO_CONSCHECK = [
     ("      shifted_columns = __any_sync(0xFFFFFFFF, largest > column_code(0));",
      "      shifted_columns = largest == 12345;"),
 ]
+# Where the Q check's small-T cost sits (for the next session): the check and its flag without the rare
+# path's code; the rare path's code (never taken) without the check; and a correct variant whose rare
+# path has one barrier fewer (the rows' maxima cleared in the prologue), for racecheck.
+RARE_PATH = """  if (!*sm.q_over()) return false;
+  int* row_bits = sm.row_bits();
+  if (loader < kHeadsPerCta) row_bits[loader] = 0;
+  named_barrier_sync(kBarQReady, kConsumerThreads);
+#pragma unroll 1
+  for (int k = 0; k < kPerThread; ++k) {
+    const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
+    atomicMax(&row_bits[q.row], bf16x8_absmax_bits(ld_global_nc_v4(q.src)));
+  }
+  named_barrier_sync(kBarQReady, kConsumerThreads);
+#pragma unroll 1
+  for (int k = 0; k < kPerThread; ++k) {
+    const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
+    const float down = __int_as_float((127 - q_row_shift(row_bits[q.row])) << 23);
+    st_shared_v4(q.dst, bf16x8_to_f16x8(ld_global_nc_v4(q.src), down));
+  }
+  fence_proxy_async();
+  named_barrier_sync(kBarQReady, kConsumerThreads);
+  return true;
+}
+"""  # the Q rare path, from the flag's test to the function's end
+Q_CHECK_ONLY = [(RARE_PATH, "  return *sm.q_over() != 0;\n}\n")]
+Q_RARE_ONLY = NO_QCHECK[1:] + [
+    ("  if (largest >= (kBf16Pow16 << 16)) atomicOr(sm.q_over(), 1);\n"
+     "  named_barrier_sync(kBarQReady, kConsumerThreads);\n  if (!*sm.q_over()) return false;",
+     "  named_barrier_sync(kBarQReady, kConsumerThreads);\n  if (p.topk > 0) return false;"),
+]
+Q_RARE_PROLOGUE_ZERO = [
+    ("  int* row_bits = sm.row_bits();\n  if (loader < kHeadsPerCta) row_bits[loader] = 0;\n"
+     "  named_barrier_sync(kBarQReady, kConsumerThreads);\n",
+     "  int* row_bits = sm.row_bits();\n"),
+    ("    *sm.q_over() = 0;\n", "    *sm.q_over() = 0;\n    for (int r = 0; r < kHeadsPerCta; ++r) sm.row_bits()[r] = 0;\n"),
+]
 VARIANTS = {
     "release_old": RELEASE_OLD,
     "no_qcheck": NO_QCHECK,
     "no_prodcheck": NO_PRODCHECK,
     "no_conscheck": NO_CONSCHECK,
     "none": RELEASE_OLD + NO_QCHECK + NO_PRODCHECK + NO_CONSCHECK,
+    "q_check_only": Q_CHECK_ONLY,
+    "q_rare_only": Q_RARE_ONLY,
+    "q_rare_prologue_zero": Q_RARE_PROLOGUE_ZERO,
 }
 
 
