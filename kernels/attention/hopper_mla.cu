@@ -49,9 +49,9 @@
 //     bulk-copy engine copies them, pass by pass, into the peer's ring, completing their bytes on
 //     the peer's full barrier (no fence or remote arrival that would wait for the producer's
 //     loads). A stage is refilled only when both CTAs' consumers have released it (every consumer
-//     thread on its own CTA's empty barrier, one arrival per consumer warp on the peer's). Only with 2+ blocks per CTA (kClusterMinBlocks). bf16
-//     keeps one gather per CTA: cp.async cannot write a peer's memory, and that path is
-//     consumer-bound anyway.
+//     thread on its own CTA's empty barrier, one arrival per consumer warp on the peer's). Only with
+//     2+ blocks per CTA (kClusterMinBlocks). bf16 keeps one gather per CTA: cp.async cannot write a
+//     peer's memory, and that path is consumer-bound anyway.
 //   - Split-KV (grid y) fills the SMs when tokens x head groups are few; fp32 partials are reduced
 //     by triton_sparse_mla's combine kernel. On grids over half the SMs they leave through shared
 //     memory in whole 512-byte pieces (write_result). Two splits instead merge in their cluster
@@ -229,11 +229,11 @@ struct Params {
 
 constexpr int kCkvChunks = kCkvDim / kChunkElems;  // 8
 
-// fp16's range on the FP8 path (top of the file). A bf16 value rounds to fp16 infinity from 2^16 up; below it,
-// bf16's 8-bit significand keeps it at most 65280, which fp16 holds.
+// fp16's range on the FP8 path (top of the file). A bf16 value rounds to fp16 infinity from 2^16 up;
+// below it, bf16's 8-bit significand keeps it at most 65280, which fp16 holds.
 constexpr float kFp16Max = 65504.f;
 constexpr uint32_t kBf16Pow16 = 0x4780;  // 2^16 as bf16 bits
-constexpr int kBf16MaxExponentInFp16 = 15;  // so a row whose largest value has exponent E is scaled by 2^-(E - 15)
+constexpr int kBf16MaxExponentInFp16 = 15;  // a row whose largest value has exponent E: scaled by 2^-(E - 15)
 constexpr float kE4m3Max = 448.f;
 constexpr int kMaxTokenShift = 15;  // P (<= 1) times 2^15 stays inside fp16
 constexpr int kPiecesPerRow = kSwizzleBytes / 16;  // 16-byte pieces of a swizzled row: 8
@@ -304,12 +304,17 @@ constexpr int kPasses = kBlockTokens / kTokensPerPass;              // 4
 static_assert(kLanesPerToken == kPiecesPerRow, "one lane per 16-byte piece of a swizzled row");
 static_assert(kBlockTokens % kTokensPerPass == 0, "whole passes fill a block");
 
-// This lane's token index of pass q (kPasses passes per block).
-// What the producer tells consumer 0 about each token of a block (Smem::codes): kMaskedColumn, or the fp32
-// bits of the factor 2^shift its logits and P are multiplied by (store_fp8; 0 on the bf16 path).
-constexpr int kMaskedColumn = -1;
-__device__ __forceinline__ int column_code(int shift) { return (127 + shift) << 23; }
+// 2^e as an fp32, exactly (-126 <= e <= 127), and the exponent of a positive normal fp32's bits: the
+// powers of two that keep the FP8 path in fp16's range (top of the file).
+__device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
+__device__ __forceinline__ int exponent_of(int bits) { return (bits >> 23) - 127; }
 
+// What the producer tells consumer 0 about each token of a block (Smem::codes): kMaskedColumn, or the fp32
+// bits of the factor 2^shift its logits and P are multiplied by (store_fp8; shift 0 on the bf16 path).
+constexpr int kMaskedColumn = -1;
+__device__ __forceinline__ int column_code(int shift) { return __float_as_int(pow2(shift)); }
+
+// This lane's token index of pass q (kPasses passes per block).
 __device__ __forceinline__ int pass_index(const Params& p, const Work& w, int q) {
   return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken);
 }
@@ -423,7 +428,7 @@ __device__ __forceinline__ uint32_t bf16x8_absmax_bits(uint4 v) {
 
 // How far row values whose largest has fp32 bits `bits` are scaled down for fp16: 2^-shift with
 // shift = max(0, exponent - 15), which leaves a bf16 value at most 65280.
-__device__ __forceinline__ int q_row_shift(int bits) { return max(0, (bits >> 23) - 127 - kBf16MaxExponentInFp16); }
+__device__ __forceinline__ int q_row_shift(int bits) { return max(0, exponent_of(bits) - kBf16MaxExponentInFp16); }
 
 // fp16's range (top of the file): the largest magnitude this lane's slice of a token can dequantize
 // to (448 times its largest scale) or holds (its rope values).
@@ -432,18 +437,17 @@ __device__ __forceinline__ float slice_largest(const Fp8Slice& s) {
   return fmaxf(scale * kE4m3Max, __uint_as_float(bf16x8_absmax_bits(s.kpe)));
 }
 
-// How far a token is scaled down: 0 while its largest value (over its kLanesPerToken adjacent lanes)
-// stays under 65504, else k with that value times 2^-k below 2^15, at most kMaxTokenShift.
-__device__ __forceinline__ int token_shift(const Fp8Slice& s) {
+// How far a token is scaled down, from this lane's slice_largest: 0 while the largest over the token's
+// kLanesPerToken adjacent lanes stays under 65504, else k with it times 2^-k below 2^15, at most
+// kMaxTokenShift.
+__device__ __forceinline__ int token_shift(float largest) {
   static_assert(kLanesPerToken == 8 && 32 % kLanesPerToken == 0, "a token's lanes: 3 xor-shuffle steps in a warp");
-  float largest = slice_largest(s);
 #pragma unroll
   for (int lane = 1; lane < kLanesPerToken; lane *= 2) {
     largest = fmaxf(largest, __shfl_xor_sync(0xFFFFFFFF, largest, lane));
   }
   if (!(largest >= kFp16Max)) return 0;
-  const int exponent = (__float_as_int(largest) >> 23) - 127;  // >= 15 here
-  return min(exponent - 14, kMaxTokenShift);
+  return min(exponent_of(__float_as_int(largest)) - 14, kMaxTokenShift);  // the exponent is >= 15 here
 }
 
 // What a pass sends to the peer: its 16 tokens' rows of every chunk (one contiguous run of 128-byte
@@ -460,7 +464,7 @@ static_assert(kPassRowBytes % 16 == 0 && kPassCodeBytes % 16 == 0 && kCodeOffset
 // The slice scaled down by 2^shift (shift 0: the compiler drops the multiplies).
 __device__ __forceinline__ void store_fp8_shifted(const Smem& sm, int stage, int token, const Fp8Slice& s, int shift) {
   const int piece = threadIdx.x % kLanesPerToken;
-  const float down = __int_as_float((127 - shift) << 23);  // 2^-shift
+  const float down = pow2(-shift);
   const float scales[kNumScales] = {s.scale.x * down, s.scale.y * down, s.scale.z * down, s.scale.w * down};
   // Group g's 16 values of this lane are dims g*128 + piece*16 .. +15: chunk 2g + piece/4, pieces
   // 2 (piece % 4) and +1. Lanes 4-7 store their odd piece first so that a quarter warp's 8 stores
@@ -483,8 +487,9 @@ __device__ __forceinline__ void store_fp8_shifted(const Smem& sm, int stage, int
 
 // One vote a warp keeps the common case (every value inside fp16's range) free of the shift's work.
 __device__ __forceinline__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& s) {
-  if (__any_sync(0xFFFFFFFF, slice_largest(s) >= kFp16Max)) {
-    store_fp8_shifted(sm, stage, token, s, token_shift(s));
+  const float largest = slice_largest(s);
+  if (__any_sync(0xFFFFFFFF, largest >= kFp16Max)) {
+    store_fp8_shifted(sm, stage, token, s, token_shift(largest));
   } else {
     store_fp8_shifted(sm, stage, token, s, 0);
   }
@@ -799,7 +804,7 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
   if (q_rows_shifted) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      logit_scale[i] *= __int_as_float((127 + q_row_shift(sm.row_bits()[rows.r[i]])) << 23);
+      logit_scale[i] *= pow2(q_row_shift(sm.row_bits()[rows.r[i]]));
     }
   }
   float o[kORegs];
@@ -1080,8 +1085,7 @@ __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, cons
 #pragma unroll 1
   for (int k = 0; k < kPerThread; ++k) {
     const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
-    const float down = __int_as_float((127 - q_row_shift(row_bits[q.row])) << 23);
-    st_shared_v4(q.dst, bf16x8_to_f16x8(ld_global_nc_v4(q.src), down));
+    st_shared_v4(q.dst, bf16x8_to_f16x8(ld_global_nc_v4(q.src), pow2(-q_row_shift(row_bits[q.row]))));
   }
   fence_proxy_async();
   named_barrier_sync(kBarQReady, kConsumerThreads);

@@ -46,8 +46,9 @@ NO_QCHECK = [
     ("    largest = max(largest, bf16x8_absmax_bits(raw[k]));\n", ""),
 ]
 NO_PRODCHECK = [
-    ("""  if (__any_sync(0xFFFFFFFF, slice_largest(s) >= kFp16Max)) {
-    store_fp8_shifted(sm, stage, token, s, token_shift(s));
+    ("""  const float largest = slice_largest(s);
+  if (__any_sync(0xFFFFFFFF, largest >= kFp16Max)) {
+    store_fp8_shifted(sm, stage, token, s, token_shift(largest));
   } else {
     store_fp8_shifted(sm, stage, token, s, 0);
   }""", "  store_fp8_shifted(sm, stage, token, s, 0);"),
@@ -59,27 +60,8 @@ NO_CONSCHECK = [
 # Where the Q check's small-T cost sits (for the next session): the check and its flag without the rare
 # path's code; the rare path's code (never taken) without the check; and a correct variant whose rare
 # path has one barrier fewer (the rows' maxima cleared in the prologue), for racecheck.
-RARE_PATH = """  if (!*sm.q_over()) return false;
-  int* row_bits = sm.row_bits();
-  if (loader < kHeadsPerCta) row_bits[loader] = 0;
-  named_barrier_sync(kBarQReady, kConsumerThreads);
-#pragma unroll 1
-  for (int k = 0; k < kPerThread; ++k) {
-    const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
-    atomicMax(&row_bits[q.row], bf16x8_absmax_bits(ld_global_nc_v4(q.src)));
-  }
-  named_barrier_sync(kBarQReady, kConsumerThreads);
-#pragma unroll 1
-  for (int k = 0; k < kPerThread; ++k) {
-    const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
-    const float down = __int_as_float((127 - q_row_shift(row_bits[q.row])) << 23);
-    st_shared_v4(q.dst, bf16x8_to_f16x8(ld_global_nc_v4(q.src), down));
-  }
-  fence_proxy_async();
-  named_barrier_sync(kBarQReady, kConsumerThreads);
-  return true;
-}
-"""  # the Q rare path, from the flag's test to the function's end
+# The Q rare path, from the flag's test to the function's end (read from the source rather than copied).
+RARE_PATH = re.search(r"  if \(!\*sm\.q_over\(\)\) return false;\n.*?  return true;\n}\n", SOURCE.read_text(), re.S).group(0)
 Q_CHECK_ONLY = [(RARE_PATH, "  return *sm.q_over() != 0;\n}\n")]
 Q_RARE_ONLY = NO_QCHECK[1:] + [
     ("  if (largest >= (kBf16Pow16 << 16)) atomicOr(sm.q_over(), 1);\n"
