@@ -331,15 +331,18 @@ def _scaled_past_fp16(base: dict, scaled: str) -> tuple[dict, float]:
     return inputs, UP
 
 
-def _check_past_fp16(definition: str, base: dict, scaled: str, outputs: dict) -> None:
-    """outputs of _scaled_past_fp16(base, scaled) against the reference, scaled back (exact) where the
-    output was scaled, so the tolerance keeps its meaning."""
-    inputs, factor = _scaled_past_fp16(base, scaled)
+def _past_fp16_verdict(definition: str, base: dict, inputs: dict, factor: float, outputs: dict):
+    """outputs on (inputs, factor) = _scaled_past_fp16(base, ...) against the reference, scaled back (exact)
+    where the output was scaled, so the tolerance keeps its meaning."""
     if factor == 1.0:
-        _assert_matches_reference(definition, inputs, outputs)
-    else:
-        _assert_matches_reference(definition, base, {"output": (outputs["output"].float() / factor).bfloat16(),
-                                                     "lse": outputs["lse"]})
+        return check(get(definition), inputs, outputs)
+    return check(get(definition), base, {"output": (outputs["output"].float() / factor).bfloat16(),
+                                         "lse": outputs["lse"]})
+
+
+def _check_past_fp16(definition: str, base: dict, inputs: dict, factor: float, outputs: dict) -> None:
+    verdict = _past_fp16_verdict(definition, base, inputs, factor, outputs)
+    assert verdict.passed, "\n".join(verdict.problems)
 
 
 @pytest.mark.parametrize("scaled", ["q", "kv", "both"])
@@ -348,10 +351,10 @@ def test_fp8_values_past_the_fp16_range_need_the_kernels_shifts(scaled):
     numerics emulated with them pass the contest tolerance, without them fp16 overflows."""
     definition = _definition(64, 512, "_fp8kv")
     base = _inputs(definition, 3, 64, "cpu", seed=5, pattern="scattered", valid=(512, 7, 300))
-    inputs, _ = _scaled_past_fp16(base, scaled)
-    _check_past_fp16(definition, base, scaled, _emulate_kernel_numerics(inputs, torch.float16, False))
+    inputs, factor = _scaled_past_fp16(base, scaled)
+    _check_past_fp16(definition, base, inputs, factor, _emulate_kernel_numerics(inputs, torch.float16, False))
     with pytest.raises(AssertionError):
-        _check_past_fp16(definition, base, scaled, _emulate_kernel_numerics(inputs, torch.float16, False, False))
+        _check_past_fp16(definition, base, inputs, factor, _emulate_kernel_numerics(inputs, torch.float16, False, False))
 
 
 @pytest.mark.parametrize("suffix", ["_fp8kv", "_fp8kv_lsee"])
@@ -520,11 +523,11 @@ def test_gpu_fp8_values_past_the_fp16_range_stay_exact(heads, scaled):
     2-CTA clusters) and 4."""
     definition = _definition(heads, 512, "_fp8kv")
     base = _inputs(definition, 3, 64, "cuda", seed=heads, pattern="scattered", valid=(512, 7, 300))
-    inputs, _ = _scaled_past_fp16(base, scaled)
+    inputs, factor = _scaled_past_fp16(base, scaled)
     for num_splits in (1, 4):
         outputs = _call(definition, inputs, num_splits)
         assert bool(outputs["output"].isfinite().all())
-        _check_past_fp16(definition, base, scaled, outputs)
+        _check_past_fp16(definition, base, inputs, factor, outputs)
 
 
 @pytest.mark.parametrize("runs_here", [True, False])

@@ -177,9 +177,8 @@ def _checks(device: str, topk: int, pages: int) -> list[str]:
         for scaled in ("q", "kv", "both"):
             scaled_inputs, factor = th._scaled_past_fp16(inputs, scaled)
             out = _run(sparse_mla_attention_f16, w.definition, scaled_inputs, num_splits=2)
-            base, got = (scaled_inputs, out) if factor == 1.0 else (
-                inputs, {"output": (out["output"].float() / factor).bfloat16(), "lse": out["lse"]})
-            problems += [f"h{heads} past fp16 ({scaled}): {p}" for p in check(get(w.definition), base, got).problems]
+            verdict = th._past_fp16_verdict(w.definition, inputs, scaled_inputs, factor, out)
+            problems += [f"h{heads} past fp16 ({scaled}): {p}" for p in verdict.problems]
     return problems
 
 
