@@ -48,6 +48,29 @@ def test_device_time_counts_only_work_launched_inside_each_call():
     assert timing.sum_by_bracket(brackets, launches, activities) == [12, 21]
 
 
+def test_profiler_device_time_counts_work_that_starts_inside_each_call():
+    intervals = [(100, 200), (300, 400)]
+    work = [(50, 40),  # the L2 flush, before the call: excluded
+            (120, 7), (150, 5),  # two kernels of call 0
+            (250, 1000),  # between calls: excluded
+            (300, 20), (399, 1)]  # call 1, at its edges
+    assert timing.sum_by_interval(intervals, work) == [12, 21]
+
+
+def test_profiler_calls_are_read_from_the_ranges_this_run_marked():
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for i in range(3):
+            with record_function(f"{timing.MARK}{i}"):
+                torch.ones(64).sum()
+    intervals, work = timing.profiler_calls(prof.profiler.kineto_results.events(), 3)
+    assert all(a < b for a, b in intervals) and all(b <= c for (_, b), (c, _) in zip(intervals, intervals[1:]))
+    assert work == []  # CPU ops are not device work
+    with pytest.raises(DsactlError, match=r"timed calls \[3\]"):
+        timing.profiler_calls(prof.profiler.kineto_results.events(), 4)
+
+
 # --- timing method fallback order ------------------------------------------------------------
 
 def _availability(monkeypatch, **present):
@@ -396,6 +419,32 @@ def test_every_available_method_agrees_on_a_copy():
         assert all(v < 1.1 * best for v in exact.values()), medians
         if "cuda-graph" in medians:
             assert 0.9 * best < medians["cuda-graph"] < 1.5 * best, medians
+        """)
+
+
+@pytest.mark.gpu
+def test_every_available_method_times_a_triton_kernel():
+    # On the H200 (torch 2.11) torch-profiler once read no device time for a Triton call (driver-API launches).
+    _in_a_fresh_process("""
+        import statistics
+        import torch
+        from dsactl.bench import timing
+        from dsactl.definitions import get
+        from dsactl.kernels.attention import triton_sparse_mla as tsm
+        from dsactl.workloads import suite, make_inputs
+
+        w = next(w for w in suite("contest") if w.definition.startswith("dsa_sparse_attention"))
+        d = get(w.definition)
+        inputs = make_inputs(w, "cuda", 0)
+        out = d.allocate_outputs(d.check_inputs(inputs), "cuda")
+        call = lambda: tsm.sparse_mla_attention(inputs["q_nope"], inputs["q_pe"], inputs["sparse_indices"],
+                                                inputs["sm_scale"], out["output"], out["lse"],
+                                                ckv_cache=inputs["ckv_cache"], kpe_cache=inputs["kpe_cache"])
+        flusher = timing.L2Flusher()
+        medians = {m: statistics.median(timing.measure(call, m, iters=10, warmup=2, flusher=flusher)[1])
+                   for m in timing.available_methods() if m != "cuda-graph"}
+        assert "torch-profiler" in medians, timing.available_methods()
+        assert max(medians.values()) < 1.2 * min(medians.values()), medians
         """)
 
 

@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 
@@ -41,3 +42,13 @@ def test_debug_shows_the_traceback():
 def test_unknown_command_is_a_usage_error():
     r = _dsactl("frobnicate")
     assert r.returncode == 2 and "No such command" in r.stderr
+
+
+def test_tables_written_to_a_pipe_keep_long_names_on_one_line():
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    r = subprocess.run([sys.executable, "-m", "dsactl", "list"], capture_output=True, text=True, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64" in r.stdout
+    again = subprocess.run([sys.executable, "-m", "dsactl", "list"], capture_output=True, text=True, timeout=120,
+                           env={**env, "COLUMNS": "60"})
+    assert "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64" not in again.stdout  # COLUMNS still rules

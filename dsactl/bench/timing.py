@@ -7,8 +7,11 @@ a 9 us kernel), so bench sums the device time of the kernels the call launched:
                   call's CPU bracket, joined by correlation id to the kernel,
                   memcpy and memset records they caused.
   torch-profiler  torch.profiler (also CUPTI): each call runs inside its own
-                  record_function range; its device time is the kernels that the
-                  range's ops launched.
+                  record_function range, which ends after a synchronize; its
+                  device time is the kernels, copies and memsets that started
+                  inside the range. By time, not by the op that launched them:
+                  on the H200 (torch 2.11) a Triton call's range, whose kernels
+                  are launched through the driver API, showed no device time.
   cuda-graph      the call captured once as a CUDA graph, replays timed with
                   events (launch overhead of one graph launch remains); a call
                   that cannot be captured is timed with plain events and its
@@ -36,6 +39,9 @@ EVENTS_FALLBACK = "cuda-events"  # what cuda-graph becomes for a call that canno
 FLUSH_L2_MULTIPLE = 4
 FLUSH_MIN_BYTES = 256 * 2**20  # when the driver does not report the L2 size
 MARK = "dsactl_bench_iter_"  # record_function label of one timed call
+# torch.profiler's activity types of device work (its GPU-side copies of record_function ranges,
+# "gpu_user_annotation", would count a call twice).
+PROFILER_DEVICE_WORK = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 CUPTI_BUFFER_BYTES = 8 * 2**20
 
 
@@ -84,6 +90,42 @@ def sum_by_bracket(brackets: Sequence[tuple[int, int]], launches: Sequence[tuple
         if i is not None:
             totals[i] += duration
     return totals
+
+
+def sum_by_interval(intervals: Sequence[tuple[int, int]], activities: Sequence[tuple[int, int]]) -> list[int]:
+    """Device time per interval, in ns.
+
+    intervals: (start, end) of each timed call, sorted, not overlapping; each ends
+    after a synchronize, so the call's device work both starts and ends inside it.
+    activities: (start, duration) of every kernel/memcpy/memset, on the same clock.
+    An activity counts for the interval its start falls in; work outside every
+    interval (the L2 flush, written and synchronized before the call) for none.
+    """
+    starts = [i[0] for i in intervals]
+    totals = [0] * len(intervals)
+    for start, duration in activities:
+        i = bisect.bisect_right(starts, start) - 1
+        if i >= 0 and start <= intervals[i][1]:
+            totals[i] += duration
+    return totals
+
+
+def profiler_calls(events: Any, iters: int) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """(intervals of the MARK ranges 0..iters-1, (start, duration) of device work), in ns, from
+    torch.profiler's kineto events."""
+    from torch.autograd import DeviceType
+
+    marks: dict[int, tuple[int, int]] = {}
+    work: list[tuple[int, int]] = []
+    for e in events:
+        if e.device_type() == DeviceType.CPU and e.name().startswith(MARK):
+            marks[int(e.name()[len(MARK):])] = (e.start_ns(), e.start_ns() + e.duration_ns())
+        elif e.device_type() != DeviceType.CPU and e.activity_type() in PROFILER_DEVICE_WORK:
+            work.append((e.start_ns(), e.duration_ns()))
+    missing = sorted(set(range(iters)) - set(marks))
+    if missing:
+        raise DsactlError(f"torch-profiler: no record of timed calls {missing} (the profiler dropped events)")
+    return [marks[i] for i in range(iters)], work
 
 
 def _cupti_available() -> bool:
@@ -237,7 +279,6 @@ def _measure_cupti(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> lis
 
 def _measure_torch_profiler(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> list[float]:
     import torch
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile, record_function
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -246,15 +287,12 @@ def _measure_torch_profiler(fn: Callable[[], Any], iters: int, flusher: L2Flushe
             torch.cuda.synchronize()
             with record_function(f"{MARK}{i}"):
                 fn()
-            torch.cuda.synchronize()
-    per_call: dict[int, float] = {}
-    for e in prof.events():
-        if e.name.startswith(MARK) and e.device_type == DeviceType.CPU:
-            per_call[int(e.name[len(MARK):])] = e.device_time_total
-    totals = [per_call.get(i, 0.0) for i in range(iters)]
+                torch.cuda.synchronize()
+    intervals, work = profiler_calls(prof.profiler.kineto_results.events(), iters)
+    totals = sum_by_interval(intervals, work)
     if not all(totals):
         raise _no_kernels("torch-profiler")
-    return totals
+    return [t / 1e3 for t in totals]
 
 
 def _measure_cuda_graph(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> tuple[str, list[float]]:

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import json
+import os
+import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from rich.console import Console
 from rich.table import Table
 
-console = Console()
-err_console = Console(stderr=True)
+# Width of tables written to a file or pipe (a CI log, `| tee`), where rich would otherwise fold every
+# long definition name into 80 columns; a terminal, or COLUMNS when set, keeps its own width.
+NON_TERMINAL_WIDTH = 200
+
+
+def _width(stream: Any) -> int | None:
+    if "COLUMNS" in os.environ or (hasattr(stream, "isatty") and stream.isatty()):
+        return None
+    return NON_TERMINAL_WIDTH
+
+
+console = Console(width=_width(sys.stdout))
+err_console = Console(stderr=True, width=_width(sys.stderr))
 
 
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:

@@ -1053,13 +1053,15 @@ __device__ __forceinline__ void load_q_bf16(const Params& p, const Smem& sm, con
 // after the barrier) reads Q again for the rows' largest magnitudes (Smem::row_bits) and once more to
 // store each row scaled by 2^-q_row_shift (exact), and consumer 0 scales the row's logits back
 // (reloaded rather than kept: 72 registers live across the barrier spilled). Returns whether it did.
+// The rows' maxima are cleared in the kernel's prologue: cleared here, behind a barrier of their own,
+// racecheck reported consumer 0's later write of the rescale factors against consumer 1's read (that
+// hand-off is ordered by kBarPFree / kBarPReady; profiles/h200/attention/session11/).
 // The check costs 0.3-0.8 us at T <= 2 (H200); 4 threads a row finding each row's shift by shuffles,
 // with no second pass, cost more: every load then lands before the first store (0.5-1 us more;
 // profiles/h200/attention/session10/).
 __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, const Work& w, int loader) {
   constexpr int kPerThread = kQPieces / kConsumerThreads;
   static_assert(kQPieces % kConsumerThreads == 0, "the Q pieces divide evenly over the consumer threads");
-  static_assert(kHeadsPerCta <= kConsumerThreads, "one consumer thread clears each row's maximum");
   uint4 raw[kPerThread];
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) raw[k] = ld_global_nc_v4(q_piece(p, sm, w, k * kConsumerThreads + loader).src);
@@ -1073,9 +1075,7 @@ __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, cons
   if (largest >= (kBf16Pow16 << 16)) atomicOr(sm.q_over(), 1);
   named_barrier_sync(kBarQReady, kConsumerThreads);
   if (!*sm.q_over()) return false;
-  int* row_bits = sm.row_bits();
-  if (loader < kHeadsPerCta) row_bits[loader] = 0;
-  named_barrier_sync(kBarQReady, kConsumerThreads);
+  int* row_bits = sm.row_bits();  // cleared in the kernel's prologue
 #pragma unroll 1
   for (int k = 0; k < kPerThread; ++k) {
     const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
@@ -1114,6 +1114,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
 
   if (threadIdx.x == 0) {
     *sm.q_over() = 0;
+    for (int r = 0; r < kHeadsPerCta; ++r) sm.row_bits()[r] = 0;  // FP8's Q rows' maxima (load_q_f16)
     for (int s = 0; s < kStages; ++s) {
       mbar_init(sm.full(s), kWarpgroupThreads);  // every local producer thread arrives (the peer: bytes)
       // Every local consumer thread and, in a cluster, every consumer warp of the peer.

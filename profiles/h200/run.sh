@@ -23,13 +23,14 @@
 #     sanitizers on cluster-merged cases, both merges side by side (attention/bench_cluster.py)
 #   bash profiles/h200/run.sh session9 OUTDIR      # every GPU test, the Hopper sanitizers, the Hopper kernel
 #     against the session's starting build (.carry/head: 7596cd8 with this ABI), then scratch-tests' old run
+#   bash profiles/h200/run.sh session11 OUTDIR     # session 10's prepared experiments in one call (below)
 #   (builds are compared by attention/bench_builds.sh, one process per build)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|fp8-f16|q-path"
+MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|fp8-f16|q-path|session11"
 MODE=${1:?usage: run.sh $MODES OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
@@ -203,19 +204,27 @@ elif [ "$MODE" = fp8-f16 ]; then
   step fp8-f16-compile 120 python3 $P/attention/next/triton_fp8_f16.py --compile
   step fp8-f16 300 python3 $P/attention/next/triton_fp8_f16.py "$P/attention/next/fp8-f16"
 elif [ "$MODE" = q-path ]; then
-  # Prepared in session 10, not yet run: where the FP8 Q range check's small-T cost sits (the check alone,
-  # the rare path's code alone, neither), and whether a rare path with one barrier fewer is racecheck-clean
-  # on the range tests (.carry/cv10 from attention/session10/make_variants.py).
+  # Where the FP8 Q range check's small-T cost sits: the check alone, the rare path's code alone, neither
+  # (.carry/cv10 from attention/session10/make_variants.py q_check_only q_rare_only no_qcheck).
   V=.carry/cv10
   step bench-builds 330 bash $P/attention/bench_builds.sh "$P/attention/q-path" new=build/sm90a/libhopper_mla.so \
     q_check_only=$V/q_check_only/libhopper_mla.so q_rare_only=$V/q_rare_only/libhopper_mla.so \
-    no_qcheck=$V/no_qcheck/libhopper_mla.so q_rare_prologue_zero=$V/q_rare_prologue_zero/libhopper_mla.so \
-    new2=build/sm90a/libhopper_mla.so
-  cp build/sm90a/libhopper_mla.so /tmp/libhopper_mla.shipped.so
-  cp $V/q_rare_prologue_zero/libhopper_mla.so build/sm90a/libhopper_mla.so
-  step prologue-zero-racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
+    no_qcheck=$V/no_qcheck/libhopper_mla.so new2=build/sm90a/libhopper_mla.so
+elif [ "$MODE" = session11 ]; then
+  # Session 11: the Q rare path with its rows' maxima cleared in the prologue (shipped) through the Hopper
+  # tests and racecheck on the range tests; the Triton FP8 kernel with one fp16 tile (next/); the Hopper
+  # kernel's bf16 split partials (next/bf16_partials.sh, sanitizers left for a build that ships); this
+  # build against session 10's (.carry/s10: 0cccdce built on the CPU machine).
+  S11=$P/attention/session11
+  mkdir -p "$S11"
+  step pytest-hopper 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
+  step range-racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
     -p no:cacheprovider tests/test_attention_hopper.py -k "past_the_fp16 and (both or q-128)"
-  cp /tmp/libhopper_mla.shipped.so build/sm90a/libhopper_mla.so
+  step fp8-f16-compile 60 python3 $P/attention/next/triton_fp8_f16.py --compile
+  step fp8-f16 200 python3 $P/attention/next/triton_fp8_f16.py "$S11/fp8-f16"
+  step bf16-partials 300 env BF16P_SANITIZE=0 bash $P/attention/next/bf16_partials.sh "$S11/bf16-partials"
+  step bench-builds 240 bash $P/attention/bench_builds.sh "$S11/builds" s10=.carry/s10/libhopper_mla.so \
+    new=build/sm90a/libhopper_mla.so
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev
