@@ -23,7 +23,8 @@
 #     sanitizers on cluster-merged cases, both merges side by side (attention/bench_cluster.py)
 #   bash profiles/h200/run.sh session9 OUTDIR      # every GPU test, the Hopper sanitizers, the Hopper kernel
 #     against the session's starting build (.carry/head: 7596cd8 with this ABI), then scratch-tests' old run
-#   bash profiles/h200/run.sh session11 OUTDIR     # session 10's prepared experiments in one call (below)
+#   bash profiles/h200/run.sh session11 OUTDIR     # the experiments prepared in sessions 10-11 in one call (below;
+#     its carried files from attention/session11/prepare_carry.sh)
 #   (builds are compared by attention/bench_builds.sh, one process per build)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
@@ -211,20 +212,23 @@ elif [ "$MODE" = q-path ]; then
     q_check_only=$V/q_check_only/libhopper_mla.so q_rare_only=$V/q_rare_only/libhopper_mla.so \
     no_qcheck=$V/no_qcheck/libhopper_mla.so new2=build/sm90a/libhopper_mla.so
 elif [ "$MODE" = session11 ]; then
-  # Session 11: the Q rare path with its rows' maxima cleared in the prologue (shipped) through the Hopper
-  # tests and racecheck on the range tests; the Triton FP8 kernel with one fp16 tile (next/); the Hopper
-  # kernel's bf16 split partials (next/bf16_partials.sh, sanitizers left for a build that ships); this
-  # build against session 10's (.carry/s10: 0cccdce built on the CPU machine).
+  # Prepared in session 11 (its one device call ran only the first two steps' build; the rest needs CUPTI):
+  # the shipped Hopper build through its tests and racecheck on the fp16-range tests; every timing method
+  # on a Triton call; the Triton FP8 kernel with fp16 tiles (next/); this build against session 10's
+  # (.carry/s10); the Hopper kernel's bf16 split partials (next/bf16_partials.sh, sanitizers left for a
+  # build that ships). Steps in order of what a cut-off run can least afford to lose. The carried
+  # files come from attention/session11/prepare_carry.sh.
   S11=$P/attention/session11
   mkdir -p "$S11"
   step pytest-hopper 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   step range-racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
     -p no:cacheprovider tests/test_attention_hopper.py -k "past_the_fp16 and (both or q-128)"
+  step timing-methods 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bench.py -k "every_available"
   step fp8-f16-compile 60 python3 $P/attention/next/triton_fp8_f16.py --compile
   step fp8-f16 200 python3 $P/attention/next/triton_fp8_f16.py "$S11/fp8-f16"
-  step bf16-partials 300 env BF16P_SANITIZE=0 bash $P/attention/next/bf16_partials.sh "$S11/bf16-partials"
   step bench-builds 240 bash $P/attention/bench_builds.sh "$S11/builds" s10=.carry/s10/libhopper_mla.so \
     new=build/sm90a/libhopper_mla.so
+  step bf16-partials 300 env BF16P_SANITIZE=0 bash $P/attention/next/bf16_partials.sh "$S11/bf16-partials"
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev
