@@ -212,7 +212,7 @@ elif [ "$MODE" = q-path ]; then
     q_check_only=$V/q_check_only/libhopper_mla.so q_rare_only=$V/q_rare_only/libhopper_mla.so \
     no_qcheck=$V/no_qcheck/libhopper_mla.so new2=build/sm90a/libhopper_mla.so
 elif [ "$MODE" = session11 ]; then
-  # Prepared in session 11 (its one device call ran only the first two steps' build; the rest needs CUPTI):
+  # Prepared in session 11 (its one device call ran the first two steps on the same SASS; the rest needs CUPTI):
   # the shipped Hopper build through its tests and racecheck on the fp16-range tests; every timing method
   # on a Triton call; the Triton FP8 kernel with fp16 tiles (next/); this build against session 10's
   # (.carry/s10); the Hopper kernel's bf16 split partials (next/bf16_partials.sh, sanitizers left for a
