@@ -25,13 +25,15 @@
 #     against the session's starting build (.carry/head: 7596cd8 with this ABI), then scratch-tests' old run
 #   bash profiles/h200/run.sh session11 OUTDIR     # the experiments prepared in sessions 10-11 in one call (below;
 #     its carried files from attention/session11/prepare_carry.sh)
+#   bash profiles/h200/run.sh fp8-f16-ship OUTDIR  # next/fp8_f16_ship.patch applied (the fp16-tile FP8 kernel as the
+#     64/128-head FP8 configuration): the attention GPU tests, the Triton sanitizers, Hopper vs Triton; reverted
 #   (builds are compared by attention/bench_builds.sh, one process per build)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|fp8-f16|q-path|session11"
+MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|fp8-f16|q-path|session11|fp8-f16-ship"
 MODE=${1:?usage: run.sh $MODES OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
@@ -229,6 +231,17 @@ elif [ "$MODE" = session11 ]; then
   step bench-builds 240 bash $P/attention/bench_builds.sh "$S11/builds" s10=.carry/s10/libhopper_mla.so \
     new=build/sm90a/libhopper_mla.so
   step bf16-partials 300 env BF16P_SANITIZE=0 bash $P/attention/next/bf16_partials.sh "$S11/bf16-partials"
+elif [ "$MODE" = fp8-f16-ship ]; then
+  # Prepared in session 11: next/fp8_f16_ship.patch applied to the tree for this run only. bench_hopper's
+  # FP8 triton_us rows are then the fp16-tile kernel's (compare hopper_vs_triton.csv, session 10).
+  git apply $P/attention/next/fp8_f16_ship.patch || exit 1
+  step pytest-attention 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention.py
+  step triton-memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
+    python3 $P/attention/sanitize_attention.py all
+  step triton-racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 \
+    python3 $P/attention/sanitize_attention.py fp8_variant contest
+  step bench-hopper 150 python3 $P/attention/bench_hopper.py "$P/attention/session11/fp8-f16-ship"
+  git apply -R $P/attention/next/fp8_f16_ship.patch
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev
