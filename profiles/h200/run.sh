@@ -25,6 +25,8 @@
 #     against the session's starting build (.carry/head: 7596cd8 with this ABI), then scratch-tests' old run
 #   bash profiles/h200/run.sh session11 OUTDIR     # the experiments prepared in sessions 10-11 in one call (below;
 #     its carried files from attention/session11/prepare_carry.sh)
+#   bash profiles/h200/run.sh q-tma OUTDIR          # bf16's Q by TMA (next/q_tma.patch) against the shipped
+#     build: its tests, sanitizers and bench (.carry/q_tma from attention/session11/prepare_carry.sh)
 #   bash profiles/h200/run.sh fp8-f16-ship OUTDIR  # next/fp8_f16_ship.patch applied (the fp16-tile FP8 kernel as the
 #     64/128-head FP8 configuration): the attention GPU tests, the Triton sanitizers, Hopper vs Triton; reverted
 #   (builds are compared by attention/bench_builds.sh, one process per build)
@@ -33,7 +35,7 @@
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
 set -uo pipefail
-MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|fp8-f16|q-path|session11|fp8-f16-ship"
+MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|fp8-f16|q-path|session11|fp8-f16-ship|q-tma"
 MODE=${1:?usage: run.sh $MODES OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
@@ -217,7 +219,7 @@ elif [ "$MODE" = session11 ]; then
   # Prepared in session 11 (its one device call ran the first two steps on the same SASS; the rest needs CUPTI):
   # the shipped Hopper build through its tests and racecheck on the fp16-range tests; every timing method
   # on a Triton call; the Triton FP8 kernel with fp16 tiles (next/); this build against session 10's
-  # (.carry/s10); the Hopper kernel's bf16 split partials (next/bf16_partials.sh, sanitizers left for a
+  # (.carry/s10); the Hopper kernel's bf16 split partials (next/hopper_patch_ab.sh, sanitizers left for a
   # build that ships). Steps in order of what a cut-off run can least afford to lose. The carried
   # files come from attention/session11/prepare_carry.sh.
   S11=$P/attention/session11
@@ -230,7 +232,11 @@ elif [ "$MODE" = session11 ]; then
   step fp8-f16 200 python3 $P/attention/next/triton_fp8_f16.py "$S11/fp8-f16"
   step bench-builds 240 bash $P/attention/bench_builds.sh "$S11/builds" s10=.carry/s10/libhopper_mla.so \
     new=build/sm90a/libhopper_mla.so
-  step bf16-partials 300 env BF16P_SANITIZE=0 bash $P/attention/next/bf16_partials.sh "$S11/bf16-partials"
+  step bf16-partials 300 env SANITIZE=0 bash $P/attention/next/hopper_patch_ab.sh bf16_partials "$S11/bf16-partials"
+elif [ "$MODE" = q-tma ]; then
+  # Prepared in session 11: bf16's Q by TMA (next/q_tma.patch, .carry/q_tma from session11/prepare_carry.sh)
+  # against the shipped build, its GPU tests and the three sanitizers on bf16 cases.
+  step q-tma 540 bash $P/attention/next/hopper_patch_ab.sh q_tma "$P/attention/session11/q-tma"
 elif [ "$MODE" = fp8-f16-ship ]; then
   # Prepared in session 11: next/fp8_f16_ship.patch applied to the tree for this run only. bench_hopper's
   # FP8 triton_us rows are then the fp16-tile kernel's (compare hopper_vs_triton.csv, session 10).
