@@ -127,6 +127,25 @@ def _write(acc, cols, m, l, t, split, heads, num_splits, has_sink, lse_scale, si
             tl.store(part_l_ptr + part, l)
 
 
+@triton.jit
+def _write_groups(acc0, acc1, acc2, acc3, c, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr,
+                  out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t,
+                  stride_lse_h, HEADS: tl.constexpr):
+    """_write of the FP8 kernels' four scale-group accumulators (columns c + g * 128), lse once."""
+    _write(acc0, c, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr, lse_ptr,
+           part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+           HEADS, True)
+    _write(acc1, c + _SCALE_GROUP, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
+           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+           HEADS, False)
+    _write(acc2, c + 2 * _SCALE_GROUP, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
+           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+           HEADS, False)
+    _write(acc3, c + 3 * _SCALE_GROUP, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
+           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+           HEADS, False)
+
+
 @triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
 def _sparse_mla_bf16_kernel(
     q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, indices_ptr, topk_length_ptr, sink_ptr,
@@ -269,18 +288,9 @@ def _sparse_mla_fp8_kernel(
         acc2 = tl.dot((p * sc2[None, :]).to(dot_dtype), e2, acc2 * alpha[:, None])
         acc3 = tl.dot((p * sc3[None, :]).to(dot_dtype), e3, acc3 * alpha[:, None])
 
-    _write(acc0, c, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr, lse_ptr,
-           part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, True)
-    _write(acc1, c + _SCALE_GROUP, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
-           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, False)
-    _write(acc2, c + 2 * _SCALE_GROUP, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
-           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, False)
-    _write(acc3, c + 3 * _SCALE_GROUP, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
-           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, False)
+    _write_groups(acc0, acc1, acc2, acc3, c, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr,
+                  out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t,
+                  stride_lse_h, HEADS)
 
 
 @triton.jit(do_not_specialize=["num_splits", "has_sink"])

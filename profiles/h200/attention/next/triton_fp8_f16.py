@@ -40,7 +40,7 @@ import triton.language as tl
 from dsactl.definitions import get
 from dsactl.fp8 import MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET, MLA_TOKEN_BYTES
 from dsactl.kernels.attention import triton_sparse_mla as tsm
-from dsactl.kernels.attention.triton_sparse_mla import _row_share, _softmax_step, _write
+from dsactl.kernels.attention.triton_sparse_mla import _row_share, _softmax_step, _write_groups
 from dsactl.verify.rules import check
 from dsactl.workloads import Workload, make_inputs
 
@@ -166,18 +166,9 @@ def _fp8_f16_kernel(
         acc2 = tl.dot(p, kv2, acc2 * alpha[:, None])
         acc3 = tl.dot(p, kv3, acc3 * alpha[:, None])
 
-    _write(acc0, c, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr, lse_ptr,
-           part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, True)
-    _write(acc1, c + _GROUP, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
-           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, False)
-    _write(acc2, c + 2 * _GROUP, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
-           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, False)
-    _write(acc3, c + 3 * _GROUP, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
-           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, False)
+    _write_groups(acc0, acc1, acc2, acc3, c, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr,
+                  out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t,
+                  stride_lse_h, HEADS)
 
 
 def sparse_mla_attention_f16(q_nope, q_pe, sparse_indices, sm_scale, output, lse, *, kv_cache,
