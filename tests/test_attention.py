@@ -74,6 +74,8 @@ INTERPRETER_CASES = {
     "one_split": (_definition(16, 128), 2, 4, {}, 1),
     "fp8kv_prefetch": (_definition(16, 128, "_fp8kv"), 2, 4, {}, 3),
     "fp8kv_64_heads": (_definition(64, 64, "_fp8kv"), 1, 2, {}, 1),
+    "fp8kv_64_heads_every_option": (_definition(64, 128, "_fp8kv_lsee_topklen_sink"), 2, 4,
+                                    {"pattern": "scattered", "valid": (128, 9)}, 3),
     "lsee_sink": (_definition(16, 128, "_lsee_sink"), 2, 4, {}, 2),
     "topklen_scattered": (_definition(16, 192, "_topklen"), 3, 4, {"pattern": "scattered", "valid": (1, 100, 150)}, 5),
     "empty_rows_combine": (_definition(16, 128), 3, 4, {"pattern": "empty"}, 2),
@@ -111,6 +113,20 @@ def test_interpreted_16_head_configurations_match_reference(cfg, monkeypatch):
     inputs = _inputs(definition, 2, 16, "cpu", seed=cfg.block_n, pattern="scattered", valid=(500, 300))
     outputs = _run(_launcher_kwargs(definition, 2), definition, inputs)
     _assert_matches_reference(definition, inputs, outputs)
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
+@pytest.mark.parametrize("scaled", ["q", "kv", "both"])
+def test_interpreted_fp16_tiles_keep_values_past_the_fp16_range(scaled):
+    """The FP8 kernel at 64+ heads multiplies in fp16: q rows and tokens past 65504 are scaled into its
+    range by powers of two and back (the inputs and check of the Hopper kernel's range tests)."""
+    from test_attention_hopper import _check_past_fp16, _scaled_past_fp16
+
+    assert tsm.config(64, True).f16
+    definition = _definition(64, 128, "_fp8kv")
+    base = _inputs(definition, 2, 4, "cpu", seed=11, pattern="scattered", valid=(128, 9))
+    inputs, factor = _scaled_past_fp16(base, scaled)
+    _check_past_fp16(definition, base, inputs, factor, _run(_launcher_kwargs(definition, 2), definition, inputs))
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")

@@ -71,6 +71,35 @@ def test_profiler_calls_are_read_from_the_ranges_this_run_marked():
         timing.profiler_calls(prof.profiler.kineto_results.events(), 4)
 
 
+class _Event:
+    """A kineto event as torch 2.11 has it: no activity_type()."""
+
+    def __init__(self, name, device, start, duration):
+        self._name, self._device, self._start, self._duration = name, device, start, duration
+
+    def name(self):
+        return self._name
+
+    def device_type(self):
+        return self._device
+
+    def start_ns(self):
+        return self._start
+
+    def duration_ns(self):
+        return self._duration
+
+
+def test_profiler_calls_without_activity_types_skip_the_marks_gpu_copies():
+    from torch.autograd import DeviceType
+
+    events = [_Event(f"{timing.MARK}0", DeviceType.CPU, 100, 50),
+              _Event(f"{timing.MARK}0", DeviceType.CUDA, 110, 40),  # the range's GPU copy: not work
+              _Event("my_kernel", DeviceType.CUDA, 120, 7),
+              _Event("Memset (Device)", DeviceType.CUDA, 130, 2)]
+    assert timing.profiler_calls(events, 1) == ([(100, 150)], [(120, 7), (130, 2)])
+
+
 # --- timing method fallback order ------------------------------------------------------------
 
 def _availability(monkeypatch, **present):

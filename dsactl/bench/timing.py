@@ -120,12 +120,21 @@ def profiler_calls(events: Any, iters: int) -> tuple[list[tuple[int, int]], list
     for e in events:
         if e.device_type() == DeviceType.CPU and e.name().startswith(MARK):
             marks[int(e.name()[len(MARK):])] = (e.start_ns(), e.start_ns() + e.duration_ns())
-        elif e.device_type() != DeviceType.CPU and e.activity_type() in PROFILER_DEVICE_WORK:
+        elif e.device_type() != DeviceType.CPU and _is_device_work(e):
             work.append((e.start_ns(), e.duration_ns()))
     missing = sorted(set(range(iters)) - set(marks))
     if missing:
         raise DsactlError(f"torch-profiler: no record of timed calls {missing} (the profiler dropped events)")
     return [marks[i] for i in range(iters)], work
+
+
+def _is_device_work(event: Any) -> bool:
+    """A device-side kineto event is a kernel, copy or set rather than a GPU copy of a MARK range."""
+    if hasattr(event, "activity_type"):
+        return event.activity_type() in PROFILER_DEVICE_WORK
+    # torch < 2.12 (the H200's 2.11) has no activity_type; there a device event is one of those three
+    # or a range's GPU copy, which carries the range's name.
+    return not event.name().startswith(MARK)
 
 
 def _cupti_available() -> bool:

@@ -19,8 +19,10 @@ split the program writes the final output; otherwise it writes fp32 partials (un
 output, running max, running sum) and a second launch combines them exactly. No program
 ever waits for another.
 
-FP8 KV: the e4m3 values are exact in bf16, so they feed tl.dot as they are and each token's
-four fp32 scales multiply its logits and its p per 128-value group (see _sparse_mla_fp8_kernel).
+FP8 KV: under 64 heads the e4m3 values, exact in bf16, feed tl.dot as they are and each token's
+four fp32 scales multiply its logits and its p per 128-value group (_sparse_mla_fp8_kernel); at 64
+and 128 heads each group is dequantized to fp16 and one p feeds every dot, with fp16's range kept by
+powers of two (_sparse_mla_fp8_f16_kernel).
 
 Numerics: online softmax in the log2 domain (logits pre-multiplied by sm_scale * log2 e);
 every exponent is taken against a finite reference, so a row or split with no valid id
@@ -72,6 +74,11 @@ _TOKEN_WORDS32 = tl.constexpr(MLA_TOKEN_BYTES // 4)
 _SCALE_WORD32 = tl.constexpr(MLA_SCALE_OFFSET // 4)
 _TOKEN_WORDS16 = tl.constexpr(MLA_TOKEN_BYTES // 2)
 _KPE_WORD16 = tl.constexpr(MLA_KPE_OFFSET // 2)
+# fp16's range on the fp16-tile FP8 path: fp16 ends at 65504, bf16 q and the fp32 scales do not.
+_FP16_MAX = tl.constexpr(65504.0)
+_BF16_PAST_FP16 = tl.constexpr(65536.0)  # a bf16 value rounds to fp16 inf from here (below: at most 65280)
+_E4M3_MAX = tl.constexpr(448.0)
+_MAX_TOKEN_SHIFT = tl.constexpr(15)  # P (<= 1) times 2^15 stays inside fp16
 
 
 @triton.jit
@@ -222,14 +229,13 @@ def _sparse_mla_fp8_kernel(
     sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, unused_stride_a, unused_stride_b, stride_idx_t,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PREFETCH: tl.constexpr,
-    UPCAST_DOT: tl.constexpr,
+    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
 ):
-    """FP8 KV (656-byte tokens; same arguments as the bf16 kernel, the second cache and its
-    strides unused). The e4m3 values are exact in bf16, so the tiles feed tl.dot undequantized
-    and each group's fp32 scale multiplies its part of the logits and of p instead: the result
-    equals fp32 dequantization up to the rounding of p, as in the bf16 path (rounding dequantized
-    values to bf16 instead fails the contest tolerance on peaked rows)."""
+    """FP8 KV under 64 heads (656-byte tokens; same arguments as the bf16 kernel, the second cache
+    and its strides unused). The e4m3 values are exact in bf16, so the tiles feed tl.dot
+    undequantized and each group's fp32 scale multiplies its part of the logits and of p instead:
+    the result equals fp32 dequantization up to the rounding of p, as in the bf16 path (rounding
+    dequantized values to bf16 instead fails the contest tolerance on peaked rows)."""
     tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
     tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
     tl.static_assert(_NUM_SCALES == 4 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
@@ -259,20 +265,14 @@ def _sparse_mla_fp8_kernel(
     acc2 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
     acc3 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
-    if PREFETCH:
-        # With mma.sync tiles (under 64 heads) Triton's pipeliner does not prefetch a load that
-        # reaches tl.dot through a conversion, so the next tile's bytes are loaded into registers
-        # by hand while this one computes (with wgmma tiles it pipelines them itself).
-        nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(kv_ptr, row_ptr, 0, n_mine, num_splits,
-                                                                        offs_n, c, r)
+    # With mma.sync tiles Triton's pipeliner does not prefetch a load that reaches tl.dot through a
+    # conversion, so the next tile's bytes are loaded into registers by hand while this one computes.
+    nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(kv_ptr, row_ptr, 0, n_mine, num_splits,
+                                                                    offs_n, c, r)
     for start in range(0, n_mine, BLOCK_N):
-        if PREFETCH:
-            valid, e0, e1, e2, e3, sc0, sc1, sc2, sc3, kpe = nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe
-            nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(kv_ptr, row_ptr, start + BLOCK_N, n_mine,
-                                                                            num_splits, offs_n, c, r)
-        else:
-            valid, e0, e1, e2, e3, sc0, sc1, sc2, sc3, kpe = _gather_fp8(kv_ptr, row_ptr, start, n_mine, num_splits,
-                                                                          offs_n, c, r)
+        valid, e0, e1, e2, e3, sc0, sc1, sc2, sc3, kpe = nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe
+        nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(kv_ptr, row_ptr, start + BLOCK_N, n_mine,
+                                                                        num_splits, offs_n, c, r)
         e0 = e0.to(dot_dtype)
         e1 = e1.to(dot_dtype)
         e2 = e2.to(dot_dtype)
@@ -287,6 +287,123 @@ def _sparse_mla_fp8_kernel(
         acc1 = tl.dot((p * sc1[None, :]).to(dot_dtype), e1, acc1 * alpha[:, None])
         acc2 = tl.dot((p * sc2[None, :]).to(dot_dtype), e2, acc2 * alpha[:, None])
         acc3 = tl.dot((p * sc3[None, :]).to(dot_dtype), e3, acc3 * alpha[:, None])
+
+    _write_groups(acc0, acc1, acc2, acc3, c, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr,
+                  out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t,
+                  stride_lse_h, HEADS)
+
+
+@triton.jit
+def _exponent(x):
+    """floor(log2(x)) of positive normal fp32 values, exactly (from the bits)."""
+    return ((x.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+
+
+@triton.jit
+def _dequant_f16(e_ptr, valid, scale, dot_dtype: tl.constexpr):
+    """One group of e4m3 values [N, 128] times its tokens' scales [N] (shift included), rounded once to fp16."""
+    e = tl.load(e_ptr, mask=valid[:, None], other=0.0)
+    return (e.to(tl.float32) * scale[:, None]).to(tl.float16).to(dot_dtype)
+
+
+@triton.jit
+def _to_f16(x, down, dot_dtype: tl.constexpr):
+    """fp32 rows [R, C] times their powers of two down [R], rounded to fp16."""
+    return (x * down[:, None]).to(tl.float16).to(dot_dtype)
+
+
+@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
+def _sparse_mla_fp8_f16_kernel(
+    q_nope_ptr, q_pe_ptr, kv_ptr, unused_ptr, indices_ptr, topk_length_ptr, sink_ptr,
+    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
+    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink,
+    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, unused_stride_a, unused_stride_b, stride_idx_t,
+    stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+    HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
+):
+    """FP8 KV at 64+ heads (the FP8 kernel's arguments). Each token's 128-value groups are dequantized to
+    fp16 (e4m3 x fp32 scale, rounded once: bf16 rounding fails the contest tolerance, hopper_mla.cu), q is
+    converted to fp16 once, the five logit dots chain into one accumulator and one fp16 p feeds the four
+    output dots. fp16's range as in the Hopper kernel: a q row whose largest value reaches 2^16 is scaled
+    by 2^-(E - 15), a token whose largest dequantized or rope value reaches 65504 by 2^-min(E - 14, 15),
+    both undone in fp32 on the logits and the token's shift on its p before the fp16 rounding (exact up to
+    token values of 2^31). Per group, not one [N, 512] tile: the whole tile's fp32 values beside the
+    accumulator spilled 364 bytes (Triton 3.6, sm_90a; profiles/h200/attention/session11/)."""
+    tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
+    tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
+    tl.static_assert(_NUM_SCALES == 4 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
+                     "the kernel spells out 4 scale groups that tile the 512 ckv values")
+    group = tl.program_id(0)
+    split = tl.program_id(1)
+    t = tl.program_id(2)
+    # Rounded to fp16 in any case (the interpreter, whose bf16 dot is wrong, then multiplies in fp32).
+    dot_dtype: tl.constexpr = tl.float32 if UPCAST_DOT else tl.float16
+
+    heads = group * BLOCK_H + tl.arange(0, BLOCK_H)
+    r = tl.arange(0, _D_KPE)
+    c = tl.arange(0, _SCALE_GROUP)
+    q_ptr = q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + c[None, :]
+    q0 = tl.load(q_ptr).to(tl.float32)
+    q1 = tl.load(q_ptr + _SCALE_GROUP).to(tl.float32)
+    q2 = tl.load(q_ptr + 2 * _SCALE_GROUP).to(tl.float32)
+    q3 = tl.load(q_ptr + 3 * _SCALE_GROUP).to(tl.float32)
+    q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + r[None, :]).to(tl.float32)
+    q_max = tl.maximum(tl.maximum(tl.max(tl.abs(q0), 1), tl.max(tl.abs(q1), 1)),
+                       tl.maximum(tl.max(tl.abs(q2), 1), tl.max(tl.abs(q3), 1)))
+    q_max = tl.maximum(q_max, tl.max(tl.abs(q_pe), 1))
+    q_shift = tl.where(q_max >= _BF16_PAST_FP16, _exponent(q_max) - 15, 0).to(tl.float32)
+    q_down = tl.exp2(-q_shift)
+    q0 = _to_f16(q0, q_down, dot_dtype)
+    q1 = _to_f16(q1, q_down, dot_dtype)
+    q2 = _to_f16(q2, q_down, dot_dtype)
+    q3 = _to_f16(q3, q_down, dot_dtype)
+    q_pe = _to_f16(q_pe, q_down, dot_dtype)
+    q_up = tl.exp2(q_shift)
+    n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
+    row_ptr = indices_ptr + t * stride_idx_t + split
+
+    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_H], tl.float32)
+    acc0 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
+    acc1 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
+    acc2 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
+    acc3 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
+    offs_n = tl.arange(0, BLOCK_N)
+    for start in range(0, n_mine, BLOCK_N):
+        j = start + offs_n
+        idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
+        valid = idx >= 0
+        tok = idx.to(tl.int64)  # token ids times 656 bytes overflow int32 on large caches
+        e_ptr = kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + tok[:, None] * _TOKEN_BYTES + c[None, :]
+        sc_ptr = kv_ptr.to(tl.pointer_type(tl.float32)) + tok * _TOKEN_WORDS32 + _SCALE_WORD32
+        sc0 = tl.load(sc_ptr, mask=valid, other=0.0)
+        sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
+        sc2 = tl.load(sc_ptr + 2, mask=valid, other=0.0)
+        sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
+        kpe = tl.load(kv_ptr.to(tl.pointer_type(tl.bfloat16)) + tok[:, None] * _TOKEN_WORDS16 + _KPE_WORD16
+                      + r[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        largest = tl.maximum(tl.maximum(tl.abs(sc0), tl.abs(sc1)), tl.maximum(tl.abs(sc2), tl.abs(sc3)))
+        largest = tl.maximum(largest * _E4M3_MAX, tl.max(tl.abs(kpe), 1))
+        k_shift = tl.where(largest >= _FP16_MAX, tl.minimum(_exponent(largest) - 14, _MAX_TOKEN_SHIFT), 0)
+        k_down = tl.exp2(-k_shift.to(tl.float32))
+        k_up = tl.exp2(k_shift.to(tl.float32))
+        # Each group dequantized next to its dot, so that one group's fp32 values are live at a time.
+        s = tl.dot(q_pe, tl.trans(_to_f16(kpe, k_down, dot_dtype)))
+        kv0 = _dequant_f16(e_ptr, valid, sc0 * k_down, dot_dtype)
+        s = tl.dot(q0, tl.trans(kv0), s)
+        kv1 = _dequant_f16(e_ptr + _SCALE_GROUP, valid, sc1 * k_down, dot_dtype)
+        s = tl.dot(q1, tl.trans(kv1), s)
+        kv2 = _dequant_f16(e_ptr + 2 * _SCALE_GROUP, valid, sc2 * k_down, dot_dtype)
+        s = tl.dot(q2, tl.trans(kv2), s)
+        kv3 = _dequant_f16(e_ptr + 3 * _SCALE_GROUP, valid, sc3 * k_down, dot_dtype)
+        s = tl.dot(q3, tl.trans(kv3), s)
+        s = s * q_up[:, None] * k_up[None, :]
+        m_i, alpha, p, l_i = _softmax_step(m_i, l_i, s, valid, sm_scale_log2)
+        p = (p * k_up[None, :]).to(tl.float16).to(dot_dtype)
+        acc0 = tl.dot(p, kv0, acc0 * alpha[:, None])
+        acc1 = tl.dot(p, kv1, acc1 * alpha[:, None])
+        acc2 = tl.dot(p, kv2, acc2 * alpha[:, None])
+        acc3 = tl.dot(p, kv3, acc3 * alpha[:, None])
 
     _write_groups(acc0, acc1, acc2, acc3, c, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr,
                   out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t,
@@ -333,7 +450,7 @@ class Config:
     block_n: int  # gathered tokens per step
     num_warps: int
     num_stages: int
-    prefetch: bool = False  # FP8 kernel: double-buffer the next tile in registers by hand
+    f16: bool = False  # FP8 KV: _sparse_mla_fp8_f16_kernel (fp16 tiles) instead of _sparse_mla_fp8_kernel
 
 
 def config(heads: int, fp8kv: bool) -> Config:
@@ -342,13 +459,16 @@ def config(heads: int, fp8kv: bool) -> Config:
     is the shape that reached 257 TFLOPS on the H200 (DESIGN.md), and the only one where Triton
     issues wgmma.
     Fewer heads keep the whole head axis in one program, as every extra head group re-gathers
-    the same KV rows. FP8 tiles are 32 tokens: at 64 the four scale-group accumulators spill
-    (440 bytes of stack at 64 heads), and under 64 heads the hand-prefetched next tile would not
-    fit in registers."""
+    the same KV rows. At 64 heads the fp16-tile FP8 kernel takes 64-token tiles although it spills
+    20 bytes there (none at 32): 462.8 against 649.3 us at h128 T=128, 1.39x bf16 against 1.95x
+    (H200, profiles/h200/attention/session12/fp8-f16). Under 64 heads FP8 tiles are 32 tokens: the
+    hand-prefetched next tile would not fit in registers at 64."""
     if heads >= 64:
-        return Config(block_h=64, block_n=32 if fp8kv else 64, num_warps=8, num_stages=2)
+        if fp8kv:
+            return Config(block_h=64, block_n=64, num_warps=8, num_stages=2, f16=True)
+        return Config(block_h=64, block_n=64, num_warps=8, num_stages=2)
     if fp8kv:
-        return Config(block_h=heads, block_n=32, num_warps=8, num_stages=2, prefetch=True)
+        return Config(block_h=heads, block_n=32, num_warps=8, num_stages=2)
     return Config(block_h=heads, block_n=64, num_warps=8, num_stages=2)
 
 
@@ -522,6 +642,13 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
     return num_tokens, heads, topk, fp8kv
 
 
+def _kernel(fp8kv: bool, cfg: Config) -> triton.runtime.JITFunction:
+    """The split kernel a configuration launches."""
+    if not fp8kv:
+        return _sparse_mla_bf16_kernel
+    return _sparse_mla_fp8_f16_kernel if cfg.f16 else _sparse_mla_fp8_kernel
+
+
 def sparse_mla_attention(
     q_nope: torch.Tensor, q_pe: torch.Tensor, sparse_indices: torch.Tensor, sm_scale: float,
     output: torch.Tensor, lse: torch.Tensor, *, ckv_cache: torch.Tensor | None = None,
@@ -553,16 +680,14 @@ def sparse_mla_attention(
     topk_length_arg = topk_length if topk_length is not None else sparse_indices
     sink_arg = attn_sink if attn_sink is not None else lse
 
-    kernel = _sparse_mla_fp8_kernel if fp8kv else _sparse_mla_bf16_kernel
-    variant = {"PREFETCH": cfg.prefetch} if fp8kv else {}
-    kernel[(heads // cfg.block_h, splits, num_tokens)](
+    _kernel(fp8kv, cfg)[(heads // cfg.block_h, splits, num_tokens)](
         q_nope, q_pe, ckv_arg, kpe_arg, sparse_indices, topk_length_arg, sink_arg,
         output, lse, part_acc, part_m, part_l,
         float(sm_scale) * math.log2(math.e), lse_scale, topk, splits,
         int(topk_length is not None), int(attn_sink is not None),
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
         sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING, **variant,
+        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
@@ -580,11 +705,10 @@ def aot_specs() -> list[dict]:
     specs = []
     for heads in HEADS:
         for fp8kv, cfg in [(f, c) for f in (False, True) for c in configs(heads, f)]:
-            kernel = _sparse_mla_fp8_kernel if fp8kv else _sparse_mla_bf16_kernel
+            kernel = _kernel(fp8kv, cfg)
             types = list(split_types)
             types[2:4] = ["*i8", "*i8"] if fp8kv else ["*bf16", "*bf16"]  # the two cache pointers
-            constexprs = {"HEADS": heads, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "UPCAST_DOT": False,
-                          **({"PREFETCH": cfg.prefetch} if fp8kv else {})}
+            constexprs = {"HEADS": heads, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "UPCAST_DOT": False}
             names = [n for n in kernel.arg_names if n not in constexprs]
             specs.append({
                 "name": f"sparse_mla_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}"

@@ -27,15 +27,15 @@
 #     its carried files from attention/session11/prepare_carry.sh)
 #   bash profiles/h200/run.sh q-tma OUTDIR          # bf16's Q by TMA (next/q_tma.patch) against the shipped
 #     build: its tests, sanitizers and bench (.carry/q_tma from attention/session11/prepare_carry.sh)
-#   bash profiles/h200/run.sh fp8-f16-ship OUTDIR  # next/fp8_f16_ship.patch applied (the fp16-tile FP8 kernel as the
-#     64/128-head FP8 configuration): the attention GPU tests, the Triton sanitizers, Hopper vs Triton; reverted
+#   bash profiles/h200/run.sh session12 OUTDIR     # every GPU test, the Triton sanitizers, Hopper vs Triton
 #   (builds are compared by attention/bench_builds.sh, one process per build)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
 # carried. CUPTI timing uses the cupti-python wheel when one is carried in .carry/.
-# Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz.
+# Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz. SKIP="STEP ..." leaves those steps out
+# (their names as the step lines print them), e.g. steps an earlier call already ran on the same build.
 set -uo pipefail
-MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|fp8-f16|q-path|session11|fp8-f16-ship|q-tma"
+MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|q-path|session11|q-tma|session12"
 MODE=${1:?usage: run.sh $MODES OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
@@ -47,6 +47,7 @@ DSACTL="python3 -m dsactl"
 
 step() {  # step NAME SECONDS CMD...: run with a time limit, log to profiles/h200/logs-MODE-NAME.txt
   local name=$1 limit=$2; shift 2
+  case " ${SKIP:-} " in *" $name "*) echo "$name skipped (SKIP)"; return 0;; esac
   local t0=$SECONDS
   timeout "$limit" "$@" >"$LOGS/$name.log" 2>&1
   local rc=$?
@@ -204,10 +205,6 @@ elif [ "$MODE" = session10 ]; then
     --json "$P/attention/session10/verify-contest-attention.json"
   step verify-hopper 120 $DSACTL verify --suite all -d 'dsa_sparse_attention_h*' -s dsactl-attention-hopper \
     -s dsactl-attention-hopper-lsee -s dsactl-attention-hopper-fp8kv --trials 1 --json "$P/attention/session10/verify-hopper.json"
-elif [ "$MODE" = fp8-f16 ]; then
-  # Prepared in session 10, not yet run: the Triton FP8 kernel with one fp16 tile (attention/next/).
-  step fp8-f16-compile 120 python3 $P/attention/next/triton_fp8_f16.py --compile
-  step fp8-f16 300 python3 $P/attention/next/triton_fp8_f16.py "$P/attention/next/fp8-f16"
 elif [ "$MODE" = q-path ]; then
   # Where the FP8 Q range check's small-T cost sits: the check alone, the rare path's code alone, neither
   # (.carry/cv10 from attention/session10/make_variants.py q_check_only q_rare_only no_qcheck).
@@ -218,8 +215,8 @@ elif [ "$MODE" = q-path ]; then
 elif [ "$MODE" = session11 ]; then
   # Prepared in session 11 (its one device call ran the first two steps on the same SASS; the rest needs CUPTI):
   # the shipped Hopper build through its tests and racecheck on the fp16-range tests; every timing method
-  # on a Triton call; the Triton FP8 kernel with fp16 tiles (next/); this build against session 10's
-  # (.carry/s10); the Hopper kernel's bf16 split partials (next/hopper_patch_ab.sh, sanitizers left for a
+  # on a Triton call; the Triton FP8 kernel with fp16 tiles (shipped in session 12, its experiment
+  # removed with its steps); this build against session 10's (.carry/s10); the Hopper kernel's bf16 split partials (next/hopper_patch_ab.sh, sanitizers left for a
   # build that ships). Steps in order of what a cut-off run can least afford to lose. The carried
   # files come from attention/session11/prepare_carry.sh.
   S11=$P/attention/session11
@@ -228,8 +225,6 @@ elif [ "$MODE" = session11 ]; then
   step range-racecheck 150 compute-sanitizer --tool racecheck --error-exitcode 1 python3 -m pytest -q -m gpu \
     -p no:cacheprovider tests/test_attention_hopper.py -k "past_the_fp16 and (both or q-128)"
   step timing-methods 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bench.py -k "every_available"
-  step fp8-f16-compile 60 python3 $P/attention/next/triton_fp8_f16.py --compile
-  step fp8-f16 200 python3 $P/attention/next/triton_fp8_f16.py "$S11/fp8-f16"
   step bench-builds 240 bash $P/attention/bench_builds.sh "$S11/builds" s10=.carry/s10/libhopper_mla.so \
     new=build/sm90a/libhopper_mla.so
   step bf16-partials 300 env SANITIZE=0 bash $P/attention/next/hopper_patch_ab.sh bf16_partials "$S11/bf16-partials"
@@ -237,17 +232,15 @@ elif [ "$MODE" = q-tma ]; then
   # Prepared in session 11: bf16's Q by TMA (next/q_tma.patch, .carry/q_tma from session11/prepare_carry.sh)
   # against the shipped build, its GPU tests and the three sanitizers on bf16 cases.
   step q-tma 540 bash $P/attention/next/hopper_patch_ab.sh q_tma "$P/attention/session11/q-tma"
-elif [ "$MODE" = fp8-f16-ship ]; then
-  # Prepared in session 11: next/fp8_f16_ship.patch applied to the tree for this run only. bench_hopper's
-  # FP8 triton_us rows are then the fp16-tile kernel's (compare hopper_vs_triton.csv, session 10).
-  git apply $P/attention/next/fp8_f16_ship.patch || exit 1
-  step pytest-attention 240 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention.py
+elif [ "$MODE" = session12 ]; then
+  # Session 12: the fp16-tile FP8 kernel shipped as the 64/128-head FP8 configuration (64-token tiles) and
+  # the torch-profiler fix for torch < 2.12: every GPU test, the Triton sanitizers, Hopper vs Triton.
+  step pytest-gpu 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests
   step triton-memcheck 120 compute-sanitizer --tool memcheck --error-exitcode 1 \
     python3 $P/attention/sanitize_attention.py all
   step triton-racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 \
     python3 $P/attention/sanitize_attention.py fp8_variant contest
-  step bench-hopper 150 python3 $P/attention/bench_hopper.py "$P/attention/session11/fp8-f16-ship"
-  git apply -R $P/attention/next/fp8_f16_ship.patch
+  step bench-hopper 150 python3 $P/attention/bench_hopper.py "$P/attention/session12/shipped"
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev

@@ -166,7 +166,7 @@ def main(out: str, parts: list[str]) -> None:
                     got = run(call, outputs)
                     us = bo.time_us(call, method, flusher)
                 config_rows.append({"tokens": tokens, "block_n": cfg.block_n, "warps": cfg.num_warps,
-                                    "stages": cfg.num_stages, "prefetch": cfg.prefetch, "splits": splits,
+                                    "stages": cfg.num_stages, "splits": splits,
                                     "us": round(us, 2),
                                     "max_diff": diff(got, ref)})
                 print(config_rows[-1], flush=True)
@@ -274,7 +274,7 @@ def main(out: str, parts: list[str]) -> None:
     for tokens in sorted({r["tokens"] for r in config_rows}):
         best = sorted((r for r in config_rows if r["tokens"] == tokens), key=lambda r: r["us"])[:4]
         for r in best:
-            print(f"  T={tokens} N={r['block_n']} warps={r['warps']} stages={r['stages']} prefetch={r['prefetch']} "
+            print(f"  T={tokens} N={r['block_n']} warps={r['warps']} stages={r['stages']} "
                   f"S={r['splits']}: "
                   f"{r['us']} us (diff {r['max_diff']:.3g})")
     print("\nproduction: heads kv T, then us per (block_n, warps, stages); * = shipped")
