@@ -12,6 +12,7 @@ import ctypes
 import importlib.util
 import inspect
 import math
+import re
 import shutil
 import subprocess
 import warnings
@@ -95,10 +96,12 @@ def builds(tmp_path_factory):
 @needs_nvcc
 def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds):
     rows, arch_dir = builds["sm90a"]
-    # (FP8 KV, CTAs sharing one gather): bf16 alone; FP8 alone (64 heads) and in 2-CTA clusters (128).
-    assert {(r.kernel, r.configuration) for r in rows} == {("hopper_mla::hopper_mla_kernel", "false, 1"),
-                                                           ("hopper_mla::hopper_mla_kernel", "true, 1"),
-                                                           ("hopper_mla::hopper_mla_kernel", "true, 2")}
+    # (FP8 KV, CTAs sharing one gather, Q by TMA): bf16 alone, Q by cp.async (long splits) or TMA (short);
+    # FP8 alone (64 heads) and in 2-CTA clusters (128).
+    assert {(r.kernel, r.configuration) for r in rows} == {("hopper_mla::hopper_mla_kernel", "false, 1, false"),
+                                                           ("hopper_mla::hopper_mla_kernel", "false, 1, true"),
+                                                           ("hopper_mla::hopper_mla_kernel", "true, 1, false"),
+                                                           ("hopper_mla::hopper_mla_kernel", "true, 2, false")}
     for row in rows:
         assert (row.spill_stores, row.spill_loads, row.stack_frame, row.local) == (0, 0, 0, 0), row
         # __launch_bounds__(384, 1): the entry register count is the file's 65536 / 384, rounded down to 8.
@@ -114,12 +117,17 @@ def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds
                         "SYNCS.PHASECHK", "LDGSTS"):
         assert instruction in sass, instruction
     assert "LDL" not in sass and "STL" not in sass
+    # Short bf16 splits take Q by TMA: the 8 ckv boxes and the kpe box, in that kernel alone.
+    kernels = dict(re.findall(r"Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S))
+    tma = [name for name, body in kernels.items() if "UTMALDG.3D" in body]
+    assert len(tma) == 1 and "ILb0ELi1ELb1E" in tma[0], list(kernels)
+    assert kernels[tma[0]].count("UTMALDG.3D") == 9
 
 
 @needs_nvcc
 def test_builds_for_sm100a_with_a_trapping_body(builds):
     rows, arch_dir = builds["sm100a"]
-    assert len(rows) == 3 and all(not r.spills and r.local == 0 for r in rows)
+    assert len(rows) == 4 and all(not r.spills and r.local == 0 for r in rows)
     assert "warning" not in build_cuda.log_path(arch_dir, sources.find_cuda(hopper_mla.LIBRARY)).read_text()
     sass = subprocess.run([str(cuobjdump.cuobjdump_path()), "-sass", str(arch_dir / "libhopper_mla.so")],
                           capture_output=True, text=True, check=True).stdout

@@ -1,4 +1,4 @@
-// Sparse MLA decode attention for Hopper (sm_90a): warp-specialized, wgmma + mbarrier + cp.async.
+// Sparse MLA decode attention for Hopper (sm_90a): warp-specialized, wgmma + mbarrier + cp.async + TMA.
 //
 // Contract (C ABI dsa_hopper_mla_decode below; DESIGN.md sections 1-3, the same operator as
 // triton_sparse_mla.py), per query token t and head h of a group of 64:
@@ -56,8 +56,10 @@
 //     by triton_sparse_mla's combine kernel. On grids over half the SMs they leave through shared
 //     memory in whole 512-byte pieces (write_result). Two splits instead merge in their cluster
 //     through distributed shared memory (reduce_cluster; kClusterSplits says why only two).
-//   - The FP8 consumers load and convert Q while the producer gathers the first block (bf16 loads Q
-//     with every thread first: see the kernel).
+//   - Q: bf16 splits of at most kQTmaMaxBlocks blocks load it by TMA (two tensor maps built per call,
+//     one thread issuing nine 64 x 64 boxes, 128-byte swizzled as the resident tile is), overlapping
+//     the first block's gather, only consumer 0 waiting for it; longer bf16 splits by every thread
+//     before the roles start (cp.async); FP8 by the consumers, converting it to fp16 (see the kernel).
 //
 // FP8 KV runs the MMAs in fp16, not bf16: e4m3 x fp32 scale rounded to bf16 (8-bit mantissa) fails
 // the contest tolerance (1e-2 abs and rel; emulated on the test inputs: 52 of 262144 outputs and the
@@ -75,11 +77,14 @@
 // r * 128 + ((k ^ (r % 8)) * 16) + 2e, every chunk 1024-byte aligned (the swizzle is taken on
 // address bits, and descriptor base offset 0 assumes aligned atoms).
 
+#include <cuda.h>  // CUtensorMap
+#include <cudaTypedefs.h>  // PFN_cuTensorMapEncodeTiled, fetched through the runtime (no -lcuda)
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
 #include "hopper_mla_ptx.cuh"
 
@@ -106,6 +111,11 @@ constexpr int kClusterHeads = 128;  // FP8 at this many heads: the two head grou
 // than the halved dequantization saves (H200, h128 T=1 FP8, 32 splits: 17.7-17.8 us clustered
 // against 16.9-17.0 alone; T=8, 8 splits of 4 blocks: 39.2 against 41.2).
 constexpr int kClusterMinBlocks = 2;
+// bf16 loads Q by TMA in splits of at most this many blocks, where Q's load is a large part of the
+// CTA's time; longer splits copy it with every thread first (H200, shipped cp.async against TMA, A/B/A,
+// session12/q-tma/: TMA 0.3-1.4 us faster at 2-4 blocks a split, h64 T=8 17.90 -> 16.53; 1-5% slower
+// at 8 or more, h128 T=128 154.2 -> 162.8).
+constexpr int kQTmaMaxBlocks = 4;
 constexpr int kMmaK = 16;   // wgmma K for bf16
 // Two splits merged in a cluster (Params::reduce_in_cluster): the 2 split CTAs of one (token, head
 // group) form one cluster (dims (1, 2, 1)); each stages its fp32 partial in its own shared memory and,
@@ -145,7 +155,8 @@ constexpr int kSumOffset = kScaleOffset + kHeadsPerCta * 4;
 constexpr int kMaxOffset = kSumOffset + kHeadsPerCta * 4;
 constexpr int kBarOffset = kMaxOffset + kHeadsPerCta * 4;   // u64 full[2], empty[2]
 constexpr int kQOverOffset = kBarOffset + 2 * kStages * 8;  // int: FP8, Q has a value past fp16's range
-constexpr int kLayoutBytes = kQOverOffset + 4;
+constexpr int kQBarOffset = kQOverOffset + 8;               // u64 (8-aligned): bf16, Q's TMA boxes landed
+constexpr int kLayoutBytes = kQBarOffset + 8;
 // The dynamic shared-memory base is only 16-byte aligned by the language: 1 KB of slack to align.
 constexpr int kSmemBytes = kLayoutBytes + kAtomAlign;
 constexpr int kSmemLimit = 227 * 1024;  // sm_90's per-block opt-in maximum
@@ -225,6 +236,18 @@ struct Params {
   float* part_l;
 };
 
+// bf16 with Q by TMA: q_nope and q_pe as [tokens][heads][512 | 64] tensor maps, 64 x 64 boxes, 128-byte
+// swizzle (q_tensor_maps); read by TMA from the kernel's parameter space (__grid_constant__). A second
+// parameter of that kernel alone (and its barrier after FP8's slot), so that the other kernels' SASS
+// stays as it was: with the maps in Params and the barrier before that slot, the FP8 kernels were
+// 0.3-0.45 us slower at T <= 8 (H200, A/B/A, session12/q-tma-gated/).
+struct QMaps {
+  CUtensorMap nope, pe;
+};
+struct NoQMaps {};
+template <bool kQTma>
+using QMapsOf = std::conditional_t<kQTma, QMaps, NoQMaps>;
+
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 
 constexpr int kCkvChunks = kCkvDim / kChunkElems;  // 8
@@ -274,6 +297,7 @@ struct Smem {
   __device__ float* row_max() const { return reinterpret_cast<float*>(ptr + kMaxOffset); }
   __device__ uint32_t full(int stage) const { return base + kBarOffset + stage * 8; }
   __device__ uint32_t empty(int stage) const { return base + kBarOffset + (kStages + stage) * 8; }
+  __device__ uint32_t q_full() const { return base + kQBarOffset; }
   // The bits of the row maxima, reused by the FP8 Q load for the rows' largest |q| (load_q_f16).
   __device__ int* row_bits() const { return reinterpret_cast<int*>(ptr + kMaxOffset); }
   __device__ int* q_over() const { return reinterpret_cast<int*>(ptr + kQOverOffset); }
@@ -795,7 +819,7 @@ __device__ __forceinline__ void scale_columns(float (&s)[kSRegs], const int* cod
 // PV of block b beside this warpgroup's S of block b + 1 (FlashMLA's sm90 decode split).
 // FP8: the logits of a row scaled down for fp16 (q_rows_shifted, load_q_f16) and of a scaled-down
 // token (its column code) are scaled back here, as is that token's P before it is rounded to fp16.
-template <bool kF16, int kPeers>
+template <bool kF16, int kPeers, bool kQTma>
 __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, uint32_t peer_delta,
                                 bool q_rows_shifted) {
   const int tid = threadIdx.x - kWarpgroupThreads;
@@ -817,6 +841,9 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
   float l_run[2] = {0.f, 0.f};              // this thread's share of the running sum
 
   const uint64_t q_desc = make_desc(sm.q(), 16, kSwizzleAtomBytes);
+  // Q's TMA boxes. Also with no block to consume, so that the CTA never exits under them and
+  // consumer 1 stages its partial in the Q tile only after they landed (kBarStatsReady orders it).
+  if constexpr (kQTma) mbar_wait(sm.q_full(), 0);
   for (int b = 0; b < w.num_blocks; ++b) {
     const int stage = b % kStages;
     wait_stage(sm, b);
@@ -1047,6 +1074,22 @@ __device__ __forceinline__ void load_q_bf16(const Params& p, const Smem& sm, con
   fence_proxy_async();
 }
 
+// bf16, short splits: Q as it is, by TMA from one thread: the 8 ckv chunks and the kpe chunk of this head group, one
+// 64 x 64 box each, completing their bytes on q_full (initialized by this thread just before). TMA's
+// 128-byte swizzle puts element (r, 8k + e) of a box at r * 128 + ((k ^ (r % 8)) * 16) + 2e of its
+// 1024-aligned destination: the resident tile's layout (top of the file).
+__device__ __forceinline__ void load_q_bf16_tma(const QMaps& maps, const Smem& sm, const Work& w) {
+  static_assert(kChunkElems * 2 == kSwizzleBytes && kChunkBytes == kHeadsPerCta * kSwizzleBytes,
+                "a box is one swizzled chunk: 64 heads x 128 bytes");
+  mbar_arrive_expect_tx(sm.q_full(), kTileBytes);
+  const int head0 = w.group * kHeadsPerCta;
+#pragma unroll
+  for (int chunk = 0; chunk < kCkvChunks; ++chunk) {
+    tma_load_3d(sm.q() + chunk * kChunkBytes, &maps.nope, chunk * kChunkElems, head0, w.t, sm.q_full());
+  }
+  tma_load_3d(sm.q() + kCkvChunks * kChunkBytes, &maps.pe, 0, head0, w.t, sm.q_full());
+}
+
 // FP8: Q converted to fp16 by the consumers' 256 threads (this one `loader`; all loads issued before
 // the first store) and published to both consumer warpgroups (kBarQReady). fp16 overflows where bf16
 // reaches 2^16; a CTA with such a value (Smem::q_over, set by any thread that saw one, read by all
@@ -1096,9 +1139,11 @@ __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, cons
 
 // Grid (head group, split, token); the head groups of one (token, split) are adjacent so that
 // their identical gathers hit L2, and form the cluster when kPeers = 2 (cluster dims (kPeers, 1, 1)).
-template <bool kFp8, int kPeers>
-__global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_constant__ Params p) {
+template <bool kFp8, int kPeers, bool kQTma>
+__global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_constant__ Params p,
+                                                                  const __grid_constant__ QMapsOf<kQTma> q_maps) {
   static_assert(kPeers == 1 || (kPeers == 2 && kFp8), "only the FP8 producer shares its gather, with one peer");
+  static_assert(!(kFp8 && kQTma), "FP8 converts Q in its consumers; only bf16 loads it by TMA");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -1121,17 +1166,25 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
       mbar_init(sm.empty(s), kConsumerThreads + (kPeers - 1) * kConsumerThreads / 32);
     }
     if constexpr (kPeers > 1) fence_mbarrier_init_cluster();
+    if constexpr (kQTma) {
+      mbar_init(sm.q_full(), 1);  // this thread's expect_tx; the TMA completes the bytes
+      fence_proxy_async();  // the initialized barrier visible to the TMA unit (async proxy)
+      load_q_bf16_tma(q_maps, sm, w);
+    }
   }
   // The peer's ring, at the same offsets of its (identically laid out) shared memory.
   const int rank = kPeers > 1 ? static_cast<int>(cluster_ctarank()) : 0;
   const uint32_t peer_delta = kPeers > 1 ? mapa_shared(sm.base, rank ^ 1) - sm.base : 0;
-  // bf16: Q by every thread before the roles start. FP8: by the consumers, converting it while the
-  // producer gathers the first block (H200, against every thread first: h64 T=1 12.0 against 13.6 us,
-  // h128 T=2 15.8 against 17.3; session9/builds/); bf16 lost up to 2 us that way (h64 T=16 28.1 against
-  // 25.9; session9/q-overlap-both/), its first S then waiting longer for Q, and 0.6-1.3 us with the
-  // producer issuing Q ahead of block 0 (session9/q-producer-bf16/; under profiles/h200/attention/).
-  if constexpr (!kFp8) load_q_bf16(p, sm, w);
-  // The initialized barriers (and bf16's Q) are visible to every warpgroup, and to the peer, whose
+  // bf16, short splits: Q by TMA (above), landing while the producer gathers the first block; only
+  // consumer 0, its reader, waits for it. Both ways of overlapping it by cp.async lost (the consumers
+  // loading it: up to 2 us, h64 T=16 28.1 against 25.9, session9/q-overlap-both/; the producer issuing
+  // it ahead of block 0: 0.6-1.3 us, session9/q-producer-bf16/): their copies competed with the
+  // gather's. Longer bf16 splits: by every thread first (kQTmaMaxBlocks says why). FP8: by the
+  // consumers, converting it while the producer gathers the first block (H200, against every thread
+  // first: h64 T=1 12.0 against 13.6 us, h128 T=2 15.8 against 17.3; session9/builds/; under
+  // profiles/h200/attention/).
+  if constexpr (!kFp8 && !kQTma) load_q_bf16(p, sm, w);
+  // The initialized barriers (and the cp.async Q) are visible to every warpgroup, and to the peer, whose
   // producer arrives and copies into them, before any role starts.
   if constexpr (kPeers > 1) {
     cluster_sync();
@@ -1153,7 +1206,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
     setmaxnreg_inc<Regs<kFp8>::kSoftmax>();
     bool q_rows_shifted = false;
     if constexpr (kFp8) q_rows_shifted = load_q_f16(p, sm, w, threadIdx.x - kWarpgroupThreads);
-    consume_softmax<kFp8, kPeers>(p, sm, w, peer_delta, q_rows_shifted);
+    consume_softmax<kFp8, kPeers, kQTma>(p, sm, w, peer_delta, q_rows_shifted);
   } else {
     setmaxnreg_inc<Regs<kFp8>::kPv>();
     // This warpgroup never reads Q but loads half of it, through the same barriers (with bar.arrive on
@@ -1177,13 +1230,50 @@ enum ErrorCode : int {
   kNullPointer = -3,
   kUnsupportedArch = -4,
   kBadClusterSplits = -5,
+  kNoTensorMaps = -6,
 };
 
 constexpr int kMaxDevices = 64;
-template <bool kFp8, int kPeers>
+template <bool kFp8, int kPeers, bool kQTma>
 bool g_configured[kMaxDevices] = {};
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
+
+// bf16, short splits: the TMA view of q_nope / q_pe as [tokens][heads][dim] bf16 with
+// 64-wide x 64-head boxes and 128-byte swizzle (load_q_bf16_tma). Built per call (the pointers change;
+// encoding is host-only work). The alignment checks before it are TMA's: 16-byte base and strides.
+int q_tensor_maps(const Params& p, int num_tokens, QMaps& maps) {
+  static PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  if (encode == nullptr) {
+    void* fn = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    const cudaError_t err =
+        cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &fn, 12000, cudaEnableDefault, &found);
+    if (err != cudaSuccess) return err;
+    if (found != cudaDriverEntryPointSuccess || fn == nullptr) return kNoTensorMaps;
+    encode = reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(fn);
+  }
+  const auto map = [&](CUtensorMap* out, const __nv_bfloat16* base, int dim, long long stride_t,
+                       long long stride_h) {
+    constexpr long long kElemBytes = 2;
+    // A token stride is never stepped over with one token; TMA still wants a valid one.
+    const long long token_stride = num_tokens == 1 ? stride_h * p.heads : stride_t;
+    const cuuint64_t dims[3] = {static_cast<cuuint64_t>(dim), static_cast<cuuint64_t>(p.heads),
+                                static_cast<cuuint64_t>(num_tokens)};
+    const cuuint64_t strides[2] = {static_cast<cuuint64_t>(stride_h * kElemBytes),
+                                   static_cast<cuuint64_t>(token_stride * kElemBytes)};
+    const cuuint32_t box[3] = {kChunkElems, kHeadsPerCta, 1};
+    const cuuint32_t unit[3] = {1, 1, 1};
+    return encode(out, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 3, const_cast<__nv_bfloat16*>(base), dims, strides, box,
+                  unit, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                  CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  };
+  if (map(&maps.nope, p.q_nope, kCkvDim, p.q_nope_stride_t, p.q_nope_stride_h) != CUDA_SUCCESS ||
+      map(&maps.pe, p.q_pe, kKpeDim, p.q_pe_stride_t, p.q_pe_stride_h) != CUDA_SUCCESS) {
+    return kNoTensorMaps;
+  }
+  return kOk;
+}
 // A row stride (in bf16 elements) that keeps every row 16-byte aligned.
 bool row_aligned(long long stride) { return stride % 8 == 0; }
 
@@ -1193,24 +1283,24 @@ bool row_aligned(long long stride) { return stride % 8 == 0; }
 // 18.30; profiles/h200/attention/session8/hopper-staged-partial/).
 int g_num_sms[kMaxDevices] = {};
 
-template <bool kFp8, int kPeers>
-int launch(const Params& params, int num_tokens, cudaStream_t stream) {
+template <bool kFp8, int kPeers, bool kQTma>
+int launch(const Params& params, int num_tokens, cudaStream_t stream, const QMapsOf<kQTma>& q_maps = {}) {
   Params p = params;
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device >= kMaxDevices) return kBadShape;
   // Once per device and kernel: a device that passed the arch check keeps passing it.
-  if (!g_configured<kFp8, kPeers>[device]) {
+  if (!g_configured<kFp8, kPeers, kQTma>[device]) {
     int major = 0, minor = 0;
     err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
     if (err != cudaSuccess) return err;
     if (major != 9 || minor != 0) return kUnsupportedArch;  // the wgmma body is compiled for sm_90a only
-    err = cudaFuncSetAttribute(hopper_mla_kernel<kFp8, kPeers>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    err = cudaFuncSetAttribute(hopper_mla_kernel<kFp8, kPeers, kQTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                kSmemBytes);
     if (err != cudaSuccess) return err;
-    g_configured<kFp8, kPeers>[device] = true;
+    g_configured<kFp8, kPeers, kQTma>[device] = true;
   }
   if (g_num_sms[device] == 0) {
     err = cudaDeviceGetAttribute(&g_num_sms[device], cudaDevAttrMultiProcessorCount, device);
@@ -1230,7 +1320,7 @@ int launch(const Params& params, int num_tokens, cudaStream_t stream) {
   config.stream = stream;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, hopper_mla_kernel<kFp8, kPeers>, p);
+  return cudaLaunchKernelEx(&config, hopper_mla_kernel<kFp8, kPeers, kQTma>, p, q_maps);
 }
 
 }  // namespace
@@ -1280,13 +1370,18 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                  reduce_in_cluster != 0, sm_scale_log2, lse_scale,
                  static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse, lse_stride_t, lse_stride_h,
                  part_acc, part_m, part_l};
-  if (!fp8kv) return launch<false, 1>(p, num_tokens, stream);
-  static_assert(kClusterHeads == 2 * kHeadsPerCta, "the cluster is the two head groups of 128 heads");
   const int split0_tokens = (topk + num_splits - 1) / num_splits;  // the most any split takes
+  if (!fp8kv) {
+    if (split0_tokens > kBlockTokens * kQTmaMaxBlocks) return launch<false, 1, false>(p, num_tokens, stream);
+    QMaps maps{};
+    const int made = q_tensor_maps(p, num_tokens, maps);
+    return made != kOk ? made : launch<false, 1, true>(p, num_tokens, stream, maps);
+  }
+  static_assert(kClusterHeads == 2 * kHeadsPerCta, "the cluster is the two head groups of 128 heads");
   // The head groups' shared gather and the splits' merge are two kinds of cluster; one at a time.
   const bool cluster = heads == kClusterHeads && split0_tokens > kBlockTokens * (kClusterMinBlocks - 1) &&
                        !reduce_in_cluster;
-  return cluster ? launch<true, 2>(p, num_tokens, stream) : launch<true, 1>(p, num_tokens, stream);
+  return cluster ? launch<true, 2, false>(p, num_tokens, stream) : launch<true, 1, false>(p, num_tokens, stream);
 }
 
 const char* dsa_hopper_mla_error_string(int code) {
@@ -1302,6 +1397,7 @@ const char* dsa_hopper_mla_error_string(int code) {
     case kBadClusterSplits:
       static_assert(kClusterSplits == 2, "the message below spells the count out");
       return "splits merged in a cluster must number exactly 2";
+    case kNoTensorMaps: return "q could not be described as a TMA tensor map (cuTensorMapEncodeTiled refused it)";
     default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
 }

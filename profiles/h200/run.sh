@@ -25,8 +25,6 @@
 #     against the session's starting build (.carry/head: 7596cd8 with this ABI), then scratch-tests' old run
 #   bash profiles/h200/run.sh session11 OUTDIR     # the experiments prepared in sessions 10-11 in one call (below;
 #     its carried files from attention/session11/prepare_carry.sh)
-#   bash profiles/h200/run.sh q-tma OUTDIR          # bf16's Q by TMA (next/q_tma.patch) against the shipped
-#     build: its tests, sanitizers and bench (.carry/q_tma from attention/session11/prepare_carry.sh)
 #   bash profiles/h200/run.sh session12 OUTDIR     # every GPU test, the Triton sanitizers, Hopper vs Triton
 #   (builds are compared by attention/bench_builds.sh, one process per build)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
@@ -35,7 +33,7 @@
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz. SKIP="STEP ..." leaves those steps out
 # (their names as the step lines print them), e.g. steps an earlier call already ran on the same build.
 set -uo pipefail
-MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|q-path|session11|q-tma|session12"
+MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|q-path|session11|session12"
 MODE=${1:?usage: run.sh $MODES OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
@@ -228,10 +226,6 @@ elif [ "$MODE" = session11 ]; then
   step bench-builds 240 bash $P/attention/bench_builds.sh "$S11/builds" s10=.carry/s10/libhopper_mla.so \
     new=build/sm90a/libhopper_mla.so
   step bf16-partials 300 env SANITIZE=0 bash $P/attention/next/hopper_patch_ab.sh bf16_partials "$S11/bf16-partials"
-elif [ "$MODE" = q-tma ]; then
-  # Prepared in session 11: bf16's Q by TMA (next/q_tma.patch, .carry/q_tma from session11/prepare_carry.sh)
-  # against the shipped build, its GPU tests and the three sanitizers on bf16 cases.
-  step q-tma 540 bash $P/attention/next/hopper_patch_ab.sh q_tma "$P/attention/session11/q-tma"
 elif [ "$MODE" = session12 ]; then
   # Session 12: the fp16-tile FP8 kernel shipped as the 64/128-head FP8 configuration (64-token tiles) and
   # the torch-profiler fix for torch < 2.12: every GPU test, the Triton sanitizers, Hopper vs Triton.

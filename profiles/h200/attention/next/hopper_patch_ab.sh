@@ -16,10 +16,7 @@ P=profiles/h200/attention
 case "$NAME" in
   # The 16-split shapes whose partials the patch halves, bf16 and FP8.
   bf16_partials) CASES=(128-2048-4-bf16-16-scattered 64-2048-8-fp8-16-scattered 128-2048-2-fp8-16-scattered) ;;
-  # bf16 only (FP8 keeps its Q path): one and many blocks, empty rows, a merge in a cluster.
-  q_tma) CASES=(64-128-1-bf16-1-full 64-1024-9-bf16-8-scattered 128-1024-2-bf16-2-empty-cluster
-                64-2048-2-bf16-2-scattered-cluster 128-2048-4-bf16-16-scattered) ;;
-  *) echo "unknown patch $NAME (bf16_partials, q_tma)"; exit 2 ;;
+  *) echo "unknown patch $NAME (bf16_partials)"; exit 2 ;;
 esac
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 . profiles/h200/cupti_env.sh

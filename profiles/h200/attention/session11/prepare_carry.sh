@@ -8,7 +8,7 @@
 #                                      no CUPTI there in session 11)
 #   .carry/s10/libhopper_mla.so        session 10's kernel (0cccdce), the baseline of the builds bench
 #   .carry/NAME/{libhopper_mla.so,manifest.json}    each prepared Hopper patch's build (next/NAME.patch:
-#                                      bf16_partials, q_tma) and its manifest, for next/hopper_patch_ab.sh
+#                                      bf16_partials; q_tma shipped in session 12) and its manifest, for next/hopper_patch_ab.sh
 #   build/sm90a                        this tree's build
 set -euo pipefail
 [ -f pyproject.toml ] && [ -d .git ] || { echo "run from the repository root"; exit 2; }
@@ -27,7 +27,7 @@ cp "$S10/build/sm90a/libhopper_mla.so" .carry/s10/
 git worktree remove --force "$S10"
 
 # Each prepared patch on this tree: its library and manifest, then the tree restored.
-for name in bf16_partials q_tma; do
+for name in bf16_partials; do
   git apply "profiles/h200/attention/next/$name.patch"
   python -m dsactl build --arch sm90a >/dev/null
   mkdir -p ".carry/$name"
