@@ -222,6 +222,20 @@ def _gather_fp8(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c, r):
     return valid, e0, e1, e2, e3, sc0, sc1, sc2, sc3, kpe
 
 
+@triton.jit
+def _load_q_groups(q_nope_ptr, q_pe_ptr, t, heads, c, r, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
+                   dtype: tl.constexpr):
+    """Token t's q for the FP8 kernels, as dtype: the four 128-value ckv groups [heads, 128] and the rope
+    values [heads, 64] (c and r: the column ranges of each)."""
+    q_ptr = q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + c[None, :]
+    q0 = tl.load(q_ptr).to(dtype)
+    q1 = tl.load(q_ptr + _SCALE_GROUP).to(dtype)
+    q2 = tl.load(q_ptr + 2 * _SCALE_GROUP).to(dtype)
+    q3 = tl.load(q_ptr + 3 * _SCALE_GROUP).to(dtype)
+    q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + r[None, :]).to(dtype)
+    return q0, q1, q2, q3, q_pe
+
+
 @triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
 def _sparse_mla_fp8_kernel(
     q_nope_ptr, q_pe_ptr, kv_ptr, unused_ptr, indices_ptr, topk_length_ptr, sink_ptr,
@@ -249,12 +263,8 @@ def _sparse_mla_fp8_kernel(
     heads = group * BLOCK_H + tl.arange(0, BLOCK_H)
     c = tl.arange(0, _SCALE_GROUP)
     r = tl.arange(0, _D_KPE)
-    q_ptr = q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + c[None, :]
-    q0 = tl.load(q_ptr).to(dot_dtype)
-    q1 = tl.load(q_ptr + _SCALE_GROUP).to(dot_dtype)
-    q2 = tl.load(q_ptr + 2 * _SCALE_GROUP).to(dot_dtype)
-    q3 = tl.load(q_ptr + 3 * _SCALE_GROUP).to(dot_dtype)
-    q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + r[None, :]).to(dot_dtype)
+    q0, q1, q2, q3, q_pe = _load_q_groups(q_nope_ptr, q_pe_ptr, t, heads, c, r, stride_qn_t, stride_qn_h,
+                                          stride_qp_t, stride_qp_h, dot_dtype)
     n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
     row_ptr = indices_ptr + t * stride_idx_t + split
 
@@ -342,12 +352,8 @@ def _sparse_mla_fp8_f16_kernel(
     heads = group * BLOCK_H + tl.arange(0, BLOCK_H)
     r = tl.arange(0, _D_KPE)
     c = tl.arange(0, _SCALE_GROUP)
-    q_ptr = q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + c[None, :]
-    q0 = tl.load(q_ptr).to(tl.float32)
-    q1 = tl.load(q_ptr + _SCALE_GROUP).to(tl.float32)
-    q2 = tl.load(q_ptr + 2 * _SCALE_GROUP).to(tl.float32)
-    q3 = tl.load(q_ptr + 3 * _SCALE_GROUP).to(tl.float32)
-    q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + r[None, :]).to(tl.float32)
+    q0, q1, q2, q3, q_pe = _load_q_groups(q_nope_ptr, q_pe_ptr, t, heads, c, r, stride_qn_t, stride_qn_h,
+                                          stride_qp_t, stride_qp_h, tl.float32)
     q_max = tl.maximum(tl.maximum(tl.max(tl.abs(q0), 1), tl.max(tl.abs(q1), 1)),
                        tl.maximum(tl.max(tl.abs(q2), 1), tl.max(tl.abs(q3), 1)))
     q_max = tl.maximum(q_max, tl.max(tl.abs(q_pe), 1))
