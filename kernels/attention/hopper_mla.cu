@@ -1074,10 +1074,10 @@ __device__ __forceinline__ void load_q_bf16(const Params& p, const Smem& sm, con
   fence_proxy_async();
 }
 
-// bf16, short splits: Q as it is, by TMA from one thread: the 8 ckv chunks and the kpe chunk of this head group, one
-// 64 x 64 box each, completing their bytes on q_full (initialized by this thread just before). TMA's
-// 128-byte swizzle puts element (r, 8k + e) of a box at r * 128 + ((k ^ (r % 8)) * 16) + 2e of its
-// 1024-aligned destination: the resident tile's layout (top of the file).
+// bf16, short splits: Q as it is, by TMA from one thread: the 8 ckv chunks and the kpe chunk of this
+// head group, one 64 x 64 box each, completing their bytes on q_full (initialized by this thread just
+// before). TMA's 128-byte swizzle puts element (r, 8k + e) of a box at r * 128 + ((k ^ (r % 8)) * 16)
+// + 2e of its 1024-aligned destination: the resident tile's layout (top of the file).
 __device__ __forceinline__ void load_q_bf16_tma(const QMaps& maps, const Smem& sm, const Work& w) {
   static_assert(kChunkElems * 2 == kSwizzleBytes && kChunkBytes == kHeadsPerCta * kSwizzleBytes,
                 "a box is one swizzled chunk: 64 heads x 128 bytes");
@@ -1239,6 +1239,9 @@ bool g_configured[kMaxDevices] = {};
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
 
+// A row stride (in bf16 elements) that keeps every row 16-byte aligned.
+bool row_aligned(long long stride) { return stride % 8 == 0; }
+
 // bf16, short splits: the TMA view of q_nope / q_pe as [tokens][heads][dim] bf16 with
 // 64-wide x 64-head boxes and 128-byte swizzle (load_q_bf16_tma). Built per call (the pointers change;
 // encoding is host-only work). The alignment checks before it are TMA's: 16-byte base and strides.
@@ -1274,8 +1277,6 @@ int q_tensor_maps(const Params& p, int num_tokens, QMaps& maps) {
   }
   return kOk;
 }
-// A row stride (in bf16 elements) that keeps every row 16-byte aligned.
-bool row_aligned(long long stride) { return stride % 8 == 0; }
 
 // Staging the partials (write_result) pays when the grid has more CTAs than half the SMs; with half or
 // fewer the shared-memory round trip costs more than the stores it relieves (H200, staged always

@@ -215,7 +215,6 @@ __device__ __forceinline__ void bulk_copy_to_peer(uint32_t cluster_dst, uint32_t
                "r"(src), "r"(bytes), "r"(cluster_bar)
                : "memory");
 }
-// Arrive (as mbar_arrive) and expect `bytes` more of complete_tx before the phase can complete.
 // TMA: the box at (x, y, z) of a 3D tensor map (a __grid_constant__ parameter's address) into this CTA's
 // shared memory at dst, completing its bytes on this CTA's mbarrier bar.
 __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tensor_map, int x, int y, int z, uint32_t bar) {
@@ -225,6 +224,7 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tensor_map
       : "memory");
 }
 
+// Arrive (as mbar_arrive) and expect `bytes` more of complete_tx before the phase can complete.
 __device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
 }
