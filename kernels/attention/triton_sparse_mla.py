@@ -200,18 +200,20 @@ def _sparse_mla_bf16_kernel(
 
 
 @triton.jit
-def _gather_fp8(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c, r):
-    """One tile of FP8 tokens, raw: valid, the 4 groups of 128 e4m3 values [N, 128], their 4
-    fp32 scales [N], the rope values [N, 64] bf16."""
+def _fp8_tokens(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c):
+    """One tile's FP8 tokens: valid, the token ids (int64) and the pointers [N, 128] to their first
+    group of e4m3 values (group g at + g * 128)."""
     j = start + offs_n
     idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
     valid = idx >= 0
     tok = idx.to(tl.int64)  # token ids times 656 bytes overflow int32 on large caches
     e_ptr = kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + tok[:, None] * _TOKEN_BYTES + c[None, :]
-    e0 = tl.load(e_ptr, mask=valid[:, None], other=0.0)
-    e1 = tl.load(e_ptr + _SCALE_GROUP, mask=valid[:, None], other=0.0)
-    e2 = tl.load(e_ptr + 2 * _SCALE_GROUP, mask=valid[:, None], other=0.0)
-    e3 = tl.load(e_ptr + 3 * _SCALE_GROUP, mask=valid[:, None], other=0.0)
+    return valid, tok, e_ptr
+
+
+@triton.jit
+def _fp8_scales_rope(kv_ptr, tok, valid, r):
+    """The tokens' 4 fp32 scales [N] and rope values [N, 64] bf16."""
     sc_ptr = kv_ptr.to(tl.pointer_type(tl.float32)) + tok * _TOKEN_WORDS32 + _SCALE_WORD32
     sc0 = tl.load(sc_ptr, mask=valid, other=0.0)
     sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
@@ -219,6 +221,19 @@ def _gather_fp8(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c, r):
     sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
     kpe = tl.load(kv_ptr.to(tl.pointer_type(tl.bfloat16)) + tok[:, None] * _TOKEN_WORDS16 + _KPE_WORD16
                   + r[None, :], mask=valid[:, None], other=0.0)
+    return sc0, sc1, sc2, sc3, kpe
+
+
+@triton.jit
+def _gather_fp8(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c, r):
+    """One tile of FP8 tokens, raw: valid, the 4 groups of 128 e4m3 values [N, 128], their 4
+    fp32 scales [N], the rope values [N, 64] bf16."""
+    valid, tok, e_ptr = _fp8_tokens(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c)
+    e0 = tl.load(e_ptr, mask=valid[:, None], other=0.0)
+    e1 = tl.load(e_ptr + _SCALE_GROUP, mask=valid[:, None], other=0.0)
+    e2 = tl.load(e_ptr + 2 * _SCALE_GROUP, mask=valid[:, None], other=0.0)
+    e3 = tl.load(e_ptr + 3 * _SCALE_GROUP, mask=valid[:, None], other=0.0)
+    sc0, sc1, sc2, sc3, kpe = _fp8_scales_rope(kv_ptr, tok, valid, r)
     return valid, e0, e1, e2, e3, sc0, sc1, sc2, sc3, kpe
 
 
@@ -376,18 +391,9 @@ def _sparse_mla_fp8_f16_kernel(
     acc3 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     for start in range(0, n_mine, BLOCK_N):
-        j = start + offs_n
-        idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
-        valid = idx >= 0
-        tok = idx.to(tl.int64)  # token ids times 656 bytes overflow int32 on large caches
-        e_ptr = kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + tok[:, None] * _TOKEN_BYTES + c[None, :]
-        sc_ptr = kv_ptr.to(tl.pointer_type(tl.float32)) + tok * _TOKEN_WORDS32 + _SCALE_WORD32
-        sc0 = tl.load(sc_ptr, mask=valid, other=0.0)
-        sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
-        sc2 = tl.load(sc_ptr + 2, mask=valid, other=0.0)
-        sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
-        kpe = tl.load(kv_ptr.to(tl.pointer_type(tl.bfloat16)) + tok[:, None] * _TOKEN_WORDS16 + _KPE_WORD16
-                      + r[None, :], mask=valid[:, None], other=0.0).to(tl.float32)
+        valid, tok, e_ptr = _fp8_tokens(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c)
+        sc0, sc1, sc2, sc3, kpe = _fp8_scales_rope(kv_ptr, tok, valid, r)
+        kpe = kpe.to(tl.float32)
         largest = tl.maximum(tl.maximum(tl.abs(sc0), tl.abs(sc1)), tl.maximum(tl.abs(sc2), tl.abs(sc3)))
         largest = tl.maximum(largest * _E4M3_MAX, tl.max(tl.abs(kpe), 1))
         k_shift = tl.where(largest >= _FP16_MAX, tl.minimum(_exponent(largest) - 14, _MAX_TOKEN_SHIFT), 0)
