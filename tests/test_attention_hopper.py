@@ -142,12 +142,12 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     fake = 1 << 20  # an aligned address that is never dereferenced: every call below fails its checks first
 
     def call(heads=64, topk=2048, splits=1, num_tokens=1, q_stride=576, kv_a=fake, parts=(fake, fake, fake),
-             in_cluster=0):
+             in_cluster=0, bf16_partials=0):
         return lib.dsa_hopper_mla_decode(fake, q_stride * heads, q_stride, fake, q_stride * heads, q_stride, 0,
                                          kv_a, 512, fake, 64, fake, topk, num_tokens, heads, topk, splits, in_cluster,
-                                         1.0, 1.0, fake, 512 * heads, 512, fake, heads, 1, *parts, None)
+                                         bf16_partials, 1.0, 1.0, fake, 512 * heads, 512, fake, heads, 1, *parts, None)
 
-    bad_shape, bad_alignment, null, bad_cluster = -1, -2, -3, -5
+    bad_shape, bad_alignment, null, bad_cluster, partials_unused = -1, -2, -3, -5, -7
     assert call(heads=16) == bad_shape and call(heads=96) == bad_shape
     assert call(topk=100) == bad_shape and call(topk=4096) == bad_shape and call(topk=0) == bad_shape
     assert call(splits=0) == bad_shape and call(splits=hopper_mla.MAX_SPLITS + 1) == bad_shape
@@ -160,7 +160,11 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     for splits in (1, 3, 4, 16, 64):
         assert call(splits=splits, in_cluster=1) == bad_cluster
     assert call(splits=2, in_cluster=1, parts=(None, None, None), q_stride=580) == bad_alignment
-    for code in (bad_shape, bad_alignment, null, -4, bad_cluster):
+    # bf16 partials only where partials are written.
+    assert call(splits=1, bf16_partials=1) == partials_unused
+    assert call(splits=2, in_cluster=1, parts=(None, None, None), bf16_partials=1) == partials_unused
+    assert call(splits=2, bf16_partials=1, q_stride=580) == bad_alignment  # past that check, to the next
+    for code in (bad_shape, bad_alignment, null, -4, bad_cluster, -6, partials_unused):
         assert lib.dsa_hopper_mla_error_string(code).decode() not in ("ok", "unknown error")
 
 
@@ -310,6 +314,46 @@ def _emulate_kernel_numerics(inputs: dict, mma_dtype: torch.dtype, lse_base_e: b
     return {"output": out.bfloat16(), "lse": lse}
 
 
+def _emulate_split_partials(inputs: dict, mma_dtype: torch.dtype, splits: int, partial_dtype: torch.dtype,
+                            lse_base_e: bool) -> dict:
+    """The kernel's numerics (_emulate_kernel_numerics, no values past fp16) over `splits` strided
+    splits, each split's unnormalized output rounded to partial_dtype, then the combine's fp32 merge."""
+    q = torch.cat([inputs["q_nope"], inputs["q_pe"]], -1).to(mma_dtype).float()
+    ckv, kpe = fp8.dequantize_mla_kv(inputs["kv_cache"].reshape(-1, fp8.MLA_TOKEN_BYTES))
+    idx = inputs["sparse_indices"]
+    rows = torch.cat([ckv, kpe], -1).to(mma_dtype).float()[idx.clamp_min(0).long()]
+    logits = torch.einsum("thd,tnd->thn", q, rows) * inputs["sm_scale"] * math.log2(math.e)
+    logits = logits.masked_fill((idx < 0)[:, None, :], -math.inf)
+    parts = []
+    for s in range(splits):
+        mine = logits[..., s::splits]
+        m = mine.amax(-1, keepdim=True)
+        p = torch.exp2(mine - torch.where(m == -math.inf, 0.0, m))
+        acc = torch.einsum("thn,tnd->thd", p.to(mma_dtype).float(), rows[:, s::splits, :512])
+        parts.append((acc.to(partial_dtype).float(), m, p.sum(-1, keepdim=True)))
+    m_all = torch.stack([m for _, m, _ in parts]).amax(0)
+    weights = [torch.exp2(m - torch.where(m_all == -math.inf, 0.0, m_all)) for _, m, _ in parts]
+    acc = sum(w * a for w, (a, _, _) in zip(weights, parts))
+    l_all = sum(w * l for w, (_, _, l) in zip(weights, parts))
+    out = torch.where(l_all > 0, acc / l_all.clamp_min(1e-30), 0.0)
+    lse = torch.where(l_all > 0, m_all + torch.log2(l_all), -math.inf)[..., 0]
+    return {"output": out.bfloat16(), "lse": lse / (math.log2(math.e) if lse_base_e else 1)}
+
+
+@pytest.mark.parametrize("suffix", ["_fp8kv", "_fp8kv_lsee"])
+@pytest.mark.parametrize("splits", [4, 16])
+def test_bf16_partials_keep_the_contest_tolerance(suffix, splits):
+    """Why the kernel may store its split partials in bf16: its numerics with bf16 partials pass the
+    contest tolerance on the rows that show the FP8 path's rounding (1 to 3 valid tokens beside full
+    rows)."""
+    definition = _definition(128, 2048, suffix)
+    inputs = _inputs(definition, 8, 256, "cpu", seed=splits, pattern="scattered",
+                     valid=(2048, 1, 2, 3, 700, 0, 64, 1500))
+    got = _emulate_split_partials(inputs, torch.float16, splits, torch.bfloat16, suffix.endswith("_lsee"))
+    verdict = check(get(definition), inputs, got)
+    assert verdict.passed, verdict.problems
+
+
 UP = 2.0**17  # scales q and the FP8 tokens past fp16's 65504
 
 
@@ -416,9 +460,9 @@ def test_gpu_index_patterns(pattern, suffix):
 def test_gpu_any_split_count_is_exact(heads, num_splits, suffix):
     """FP8 at 128 heads runs in 2-CTA clusters from 2 blocks a CTA: 31 splits leave 66-67 tokens a
     split (a second block of 2-3 valid tokens, clustered), 32 splits one block (alone), 64 splits
-    half a block. Grids over half the H200's SMs (31+ splits; 128 heads x 31 = 248 CTAs) stage the
-    partials through shared memory, 7 splits store them directly, and 2 splits merge in a cluster
-    (but FP8 at 128 heads, combined)."""
+    half a block. Grids over half the H200's SMs (31+ splits; 128 heads x 31 = 248 CTAs) write bf16
+    partials through shared memory, 7 splits fp32 partials straight from the accumulators, and 2
+    splits merge in a cluster (but FP8 at 128 heads, combined)."""
     definition = _definition(heads, 2048, suffix)
     inputs = _inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
     _assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
@@ -454,6 +498,17 @@ def test_gpu_cluster_merge_of_short_splits(topk, suffix):
     inputs = _inputs(definition, 3, 64, "cuda", seed=topk, pattern="scattered", valid=(topk, topk // 2, 1))
     outputs = _call(definition, inputs, hopper_mla.CLUSTER_SPLITS, reduce_in_cluster=True)
     _assert_matches_reference(definition, inputs, outputs)
+
+
+def test_partials_are_bf16_on_grids_over_half_the_sms():
+    """The H200's 132 SMs: 66 CTAs keep fp32 partials, 67 write bf16; at the decode shapes the split
+    formula gives, T=1 (32 splits, 32-64 CTAs) keeps fp32 and h64 T=8, h128 T=4 (128 CTAs) go bf16."""
+    sms = 132
+    assert not hopper_mla.bf16_partials_for(33, 64, 2, sms) and hopper_mla.bf16_partials_for(67, 64, 1, sms)
+    assert not hopper_mla.bf16_partials_for(1, 128, 33, sms) and hopper_mla.bf16_partials_for(1, 128, 34, sms)
+    for tokens, heads, bf16 in ((1, 64, False), (1, 128, False), (2, 128, False), (8, 64, True), (4, 128, True)):
+        splits = hopper_mla.num_splits_for(tokens, heads, 2048, sms)
+        assert hopper_mla.bf16_partials_for(tokens, heads, splits, sms) == bf16, (tokens, heads, splits)
 
 
 def test_two_splits_merge_in_a_cluster_unless_fp8_head_groups_share_their_gather():

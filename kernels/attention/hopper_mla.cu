@@ -15,10 +15,10 @@
 //     partials feed its combine kernel unchanged).
 //   S == 1: output [T, H, 512] bf16 = softmax(sm_scale * q.k) . ckv and lse [T, H] fp32
 //     (lse_scale 1: base 2; 1/log2(e): base e); a row with no valid id gives 0 and -inf.
-//   S > 1: fp32 partials, row (t * S + s) * H + h: part_acc [., 512] unnormalized output,
-//     part_m [.] running max and part_l [.] running sum of the log2-domain logits (empty: -inf, 0);
-//     or, with reduce_in_cluster and S == 2, the output and lse as with S == 1, the two splits of a
-//     (token, head group) merged in a 2-CTA cluster (no partials).
+//   S > 1: partials, row (t * S + s) * H + h: part_acc [., 512] unnormalized output (fp32, or bf16
+//     with bf16_partials), part_m [.] running max and part_l [.] running sum of the log2-domain
+//     logits (empty: -inf, 0), fp32; or, with reduce_in_cluster and S == 2, the output and lse as
+//     with S == 1, the two splits of a (token, head group) merged in a 2-CTA cluster (no partials).
 //
 // CTA = one token x one group of 64 heads x one split; 3 warpgroups (384 threads). FP8 KV with 128
 // heads: the two head-group CTAs of a (token, split) form a 2-CTA cluster sharing one gather (below).
@@ -52,10 +52,12 @@
 //     thread on its own CTA's empty barrier, one arrival per consumer warp on the peer's). Only with
 //     2+ blocks per CTA (kClusterMinBlocks). bf16 keeps one gather per CTA: cp.async cannot write a
 //     peer's memory, and that path is consumer-bound anyway.
-//   - Split-KV (grid y) fills the SMs when tokens x head groups are few; fp32 partials are reduced
-//     by triton_sparse_mla's combine kernel. On grids over half the SMs they leave through shared
-//     memory in whole 512-byte pieces (write_result). Two splits instead merge in their cluster
-//     through distributed shared memory (reduce_cluster; kClusterSplits says why only two).
+//   - Split-KV (grid y) fills the SMs when tokens x head groups are few; the partials are reduced by
+//     triton_sparse_mla's combine kernel. On grids over half the SMs (the caller's choice,
+//     bf16_partials) they are bf16 (half the fp32 traffic; maxima and sums stay fp32) and leave through
+//     shared memory in whole 512-byte pieces; on smaller grids fp32, stored from the accumulators
+//     (write_result). Two splits instead merge in their cluster through distributed shared memory
+//     (reduce_cluster; kClusterSplits says why only two).
 //   - Q: bf16 splits of at most kQTmaMaxBlocks blocks load it by TMA (two tensor maps built per call,
 //     one thread issuing nine 64 x 64 boxes, 128-byte swizzled as the resident tile is), overlapping
 //     the first block's gather, only consumer 0 waiting for it; longer bf16 splits by every thread
@@ -224,14 +226,14 @@ struct Params {
   const int* indices;
   long long indices_stride_t;
   int topk, num_splits, heads;
-  int stage_partial;  // write the split partial through shared memory (set by launch())
+  int bf16_partials;  // part_acc is bf16, staged through shared memory on its way out; else fp32, direct
   int reduce_in_cluster;  // the splits are one cluster and merge their partials there (no partials out)
   float sm_scale_log2, lse_scale;
   __nv_bfloat16* out;
   long long out_stride_t, out_stride_h;
   float* lse;
   long long lse_stride_t, lse_stride_h;
-  float* part_acc;
+  void* part_acc;  // float, or __nv_bfloat16 with bf16_partials
   float* part_m;
   float* part_l;
 };
@@ -269,17 +271,18 @@ constexpr uint32_t kBarStatsReady = 4;  // consumer 0 wrote the row sums
 constexpr uint32_t kBarPartialStaged = 5;  // + c: consumer c's warpgroup staged its partial
 constexpr uint32_t kBarQReady = 7;         // FP8: the consumers loaded Q
 
-// With a grid that keeps most SMs storing partials at once, the fp32 partial leaves through shared
-// memory: written straight from the accumulator layout, a store of a quad covers 32 bytes of each of
-// 8 rows (ncu, h128 T=1: 19% of the warp stalls were "lg throttle" on those stores); staged, each
-// warp stores 512 contiguous bytes, 16 a thread. Rows are padded by 8 floats so the 8 rows of a
-// warp's staging store fall on distinct bank octets (two wavefronts for its 256 bytes, the least).
+// A bf16 partial leaves through shared memory: written straight from the accumulator layout, a store
+// of a quad covers a fraction of a sector in each of 8 rows (fp32, ncu, h128 T=1: 19% of the warp
+// stalls were "lg throttle" on those stores; bf16 so, 2.7-4.9 us lost at 64 heads, session 8); staged
+// in fp32, each warp stores 512 contiguous bf16 bytes, 16 a thread. Rows are padded by 8 floats so the
+// 8 rows of a warp's staging store fall on distinct bank octets (two wavefronts for its 256 bytes, the
+// least). The cluster merge reads the same staged fp32 partials.
 constexpr int kStageRowFloats = kColsPerConsumer + 8;
 constexpr int kStageBytes = kHeadsPerCta * kStageRowFloats * 4;
-constexpr int kStagePieces = kHeadsPerCta * kColsPerConsumer / 4;  // 16-byte pieces of a consumer's partial
+constexpr int kPartialPieces = kHeadsPerCta * kColsPerConsumer / 8;  // 16-byte bf16 pieces of a consumer's partial
 static_assert(kStageBytes <= kTileBytes, "a consumer's staged partial fits in the Q tile or a ring stage");
 static_assert(kStages == 2, "consumer 0 stages its partial in the stage the last block did not use");
-static_assert(kStagePieces % kWarpgroupThreads == 0 && (kColsPerConsumer / 4) % 32 == 0,
+static_assert(kPartialPieces % kWarpgroupThreads == 0 && (kColsPerConsumer / 8) % 32 == 0,
               "the pieces divide over a warpgroup, and a warp's 32 pieces lie in one row");
 
 struct Smem {
@@ -631,8 +634,9 @@ __device__ __forceinline__ void release_stage(const Smem& sm, int b, uint32_t pe
 }
 
 // Columns 256c .. 256c + 255 of the CTA's 64 rows: the normalized bf16 output with one split, else the
-// fp32 partial, through `staging` when p.stage_partial (kStageBytes of shared memory no one reads or
-// writes any more); with_stats: also the lse (or the partial's max and sum). Reduced in the cluster,
+// partial: fp32 from the accumulators, or with p.bf16_partials staged in fp32 through `staging`
+// (kStageBytes of shared memory no one reads or writes any more) and stored in bf16, 16 bytes (8
+// columns) a thread; with_stats: also the lse (or the partial's max and sum). Reduced in the cluster,
 // the partial is only staged (its row maxima and sums are in shared memory already): reduce_cluster
 // reads it there.
 __device__ __forceinline__ void write_result(const Params& p, const Work& w, const Rows& rows, const float (&o)[kORegs],
@@ -665,10 +669,10 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
         p.part_l[part0 + rows.r[i]] = l_all[i];
       }
     }
-    if (!p.stage_partial && !p.reduce_in_cluster) {
+    if (!p.bf16_partials && !p.reduce_in_cluster) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        float* acc = p.part_acc + (part0 + rows.r[i]) * kCkvDim + col0;
+        float* acc = static_cast<float*>(p.part_acc) + (part0 + rows.r[i]) * kCkvDim + col0;
 #pragma unroll
         for (int n = 0; n < kColsPerConsumer / 8; ++n) {
           *reinterpret_cast<float2*>(acc + 8 * n) = make_float2(o[4 * n + 2 * i], o[4 * n + 2 * i + 1]);
@@ -688,12 +692,16 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
     named_barrier_sync(kBarPartialStaged + c, kWarpgroupThreads);
     const int tid = threadIdx.x % kWarpgroupThreads;
 #pragma unroll
-    for (int k = 0; k < kStagePieces / kWarpgroupThreads; ++k) {
+    for (int k = 0; k < kPartialPieces / kWarpgroupThreads; ++k) {
       const int piece = k * kWarpgroupThreads + tid;
-      const int row = piece / (kColsPerConsumer / 4);
-      const int col = piece % (kColsPerConsumer / 4) * 4;
-      *reinterpret_cast<float4*>(p.part_acc + (part0 + row) * kCkvDim + c * kColsPerConsumer + col) =
-          ld_shared_v4_f32(staging + (row * kStageRowFloats + col) * 4);
+      const int row = piece / (kColsPerConsumer / 8);
+      const int col = piece % (kColsPerConsumer / 8) * 8;
+      const uint32_t src = staging + (row * kStageRowFloats + col) * 4;
+      const float4 lo = ld_shared_v4_f32(src);
+      const float4 hi = ld_shared_v4_f32(src + 16);
+      __nv_bfloat16* acc = static_cast<__nv_bfloat16*>(p.part_acc) + (part0 + row) * kCkvDim + c * kColsPerConsumer;
+      *reinterpret_cast<uint4*>(acc + col) = make_uint4(pack2<false>(lo.x, lo.y), pack2<false>(lo.z, lo.w),
+                                                        pack2<false>(hi.x, hi.y), pack2<false>(hi.z, hi.w));
     }
   }
 }
@@ -1231,6 +1239,7 @@ enum ErrorCode : int {
   kUnsupportedArch = -4,
   kBadClusterSplits = -5,
   kNoTensorMaps = -6,
+  kBf16PartialsUnused = -7,
 };
 
 constexpr int kMaxDevices = 64;
@@ -1278,15 +1287,8 @@ int q_tensor_maps(const Params& p, int num_tokens, QMaps& maps) {
   return kOk;
 }
 
-// Staging the partials (write_result) pays when the grid has more CTAs than half the SMs; with half or
-// fewer the shared-memory round trip costs more than the stores it relieves (H200, staged always
-// against never: 64 CTAs, h64 T=2 bf16 13.57 against 12.90 us; 128 CTAs, h128 T=4 bf16 17.61 against
-// 18.30; profiles/h200/attention/session8/hopper-staged-partial/).
-int g_num_sms[kMaxDevices] = {};
-
 template <bool kFp8, int kPeers, bool kQTma>
-int launch(const Params& params, int num_tokens, cudaStream_t stream, const QMapsOf<kQTma>& q_maps = {}) {
-  Params p = params;
+int launch(const Params& p, int num_tokens, cudaStream_t stream, const QMapsOf<kQTma>& q_maps = {}) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
@@ -1303,12 +1305,6 @@ int launch(const Params& params, int num_tokens, cudaStream_t stream, const QMap
     if (err != cudaSuccess) return err;
     g_configured<kFp8, kPeers, kQTma>[device] = true;
   }
-  if (g_num_sms[device] == 0) {
-    err = cudaDeviceGetAttribute(&g_num_sms[device], cudaDevAttrMultiProcessorCount, device);
-    if (err != cudaSuccess) return err;
-  }
-  const long long ctas = static_cast<long long>(p.heads / kHeadsPerCta) * p.num_splits * num_tokens;
-  p.stage_partial = p.num_splits > 1 && 2 * ctas > g_num_sms[device];
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = kPeers;  // the head groups of one (token, split); grid x = heads / 64
@@ -1342,9 +1338,10 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                           const void* q_pe, long long q_pe_stride_t, long long q_pe_stride_h, int fp8kv,
                           const void* kv_a, long long kv_a_stride, const void* kv_b, long long kv_b_stride,
                           const int* indices, long long indices_stride_t, int num_tokens, int heads, int topk,
-                          int num_splits, int reduce_in_cluster, float sm_scale_log2, float lse_scale, void* out, long long out_stride_t,
+                          int num_splits, int reduce_in_cluster, int bf16_partials, float sm_scale_log2, float lse_scale,
+                          void* out, long long out_stride_t,
                           long long out_stride_h, float* lse, long long lse_stride_t, long long lse_stride_h,
-                          float* part_acc, float* part_m, float* part_l, cudaStream_t stream) {
+                          void* part_acc, float* part_m, float* part_l, cudaStream_t stream) {
   if (heads != 64 && heads != 128) return kBadShape;
   if (topk < kBlockTokens || topk > kMaxTopk || topk % kBlockTokens != 0) return kBadShape;
   if (num_splits < 1 || num_splits > kMaxSplits || num_tokens < 0 || num_tokens > kMaxTokens) return kBadShape;
@@ -1356,6 +1353,7 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
   if (reduce_in_cluster && num_splits != kClusterSplits) return kBadClusterSplits;
   const bool partials = num_splits > 1 && !reduce_in_cluster;
   if (partials && (part_acc == nullptr || part_m == nullptr || part_l == nullptr)) return kNullPointer;
+  if (bf16_partials && !partials) return kBf16PartialsUnused;
   const bool kv_ok = fp8kv ? aligned16(kv_a)
                            : aligned16(kv_a) && aligned16(kv_b) && row_aligned(kv_a_stride) && row_aligned(kv_b_stride);
   // A token stride is never stepped over with one token (torch gives size-1 dims any stride).
@@ -1367,10 +1365,9 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
   }
   const Params p{static_cast<const __nv_bfloat16*>(q_nope), q_nope_stride_t, q_nope_stride_h,
                  static_cast<const __nv_bfloat16*>(q_pe), q_pe_stride_t, q_pe_stride_h, kv_a, kv_a_stride, kv_b,
-                 kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, /*stage_partial, by launch()*/ 0,
-                 reduce_in_cluster != 0, sm_scale_log2, lse_scale,
-                 static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse, lse_stride_t, lse_stride_h,
-                 part_acc, part_m, part_l};
+                 kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, bf16_partials != 0, reduce_in_cluster != 0,
+                 sm_scale_log2, lse_scale, static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse,
+                 lse_stride_t, lse_stride_h, part_acc, part_m, part_l};
   const int split0_tokens = (topk + num_splits - 1) / num_splits;  // the most any split takes
   if (!fp8kv) {
     if (split0_tokens > kBlockTokens * kQTmaMaxBlocks) return launch<false, 1, false>(p, num_tokens, stream);
@@ -1399,6 +1396,7 @@ const char* dsa_hopper_mla_error_string(int code) {
       static_assert(kClusterSplits == 2, "the message below spells the count out");
       return "splits merged in a cluster must number exactly 2";
     case kNoTensorMaps: return "q could not be described as a TMA tensor map (cuTensorMapEncodeTiled refused it)";
+    case kBf16PartialsUnused: return "bf16_partials needs partials: num_splits > 1 and not reduce_in_cluster";
     default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
 }

@@ -17,8 +17,9 @@ multiple of 8 elements, so each 16-byte copy of the kernel is aligned; a view th
 refused with the reason (the Triton kernel takes it).
 
 Splits: split s of S takes the row positions s, s + S, ... exactly as the Triton kernel. The partials
-are merged one of two ways: written as the same fp32 partials (triton_sparse_mla.split_partials) that
-the Triton combine() reduces unchanged, or, with exactly CLUSTER_SPLITS (2) splits, inside the kernel:
+are merged one of two ways: written in the Triton launcher's partial layout (triton_sparse_mla.
+split_partials; on grids over half the SMs with the unnormalized output in bf16, bf16_partials_for)
+that the Triton combine() reduces, or, with exactly CLUSTER_SPLITS (2) splits, inside the kernel:
 the two splits of one (token, head group) form a thread-block cluster and merge through distributed
 shared memory (no partials in global memory, no combine launch). merges_in_cluster() says when.
 
@@ -109,6 +110,20 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
     return tsm.num_splits_for(num_tokens, heads, topk, TILE, num_sms, PARTIAL_TILES)
 
 
+def bf16_partials_for(num_tokens: int, heads: int, splits: int, num_sms: int) -> bool:
+    """Whether the kernel writes its split partials in bf16 (the kernel's bf16_partials): on grids of
+    more CTAs than half the SMs, where the partials' stores and the combine's reads weigh most. There
+    they leave through shared memory, 16 contiguous bytes a thread (fp32 partials so: session 8, 128
+    CTAs, h128 T=4 bf16 17.61 against 18.30 us stored from the accumulators), and bf16 halves the
+    traffic (session 12, fp32 against bf16, both staged: h128 T=8 bf16 21.86 -> 18.67 us, h64 T=16
+    25.55 -> 20.19, FP8 h128 T=8 27.02 -> 24.02). On smaller grids the round trip through shared
+    memory costs more than it saves (64 CTAs, h64 T=2 bf16 13.57 staged against 12.90 direct;
+    bf16 staged there: h64 T=1 11.23 -> 12.00), so fp32 partials leave straight from the
+    accumulators. bf16 rounding of the partial keeps the contest tolerance
+    (test_bf16_partials_keep_the_contest_tolerance)."""
+    return 2 * (heads // HEADS_PER_CTA) * splits * num_tokens > num_sms
+
+
 def merges_in_cluster(splits: int, heads: int, fp8kv: bool) -> bool:
     """Whether the splits merge in a cluster rather than through the combine kernel: at 2 splits, the
     count the formula gives grids of 64 (token, head group) pairs (h128 T=32, h64 T=64), except FP8 at
@@ -134,7 +149,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         i32,  # fp8kv
         p, i64, p, i64,  # kv_a + row stride, kv_b + row stride
         p, i64,  # indices, row stride
-        i32, i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits, reduce_in_cluster
+        i32, i32, i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits, reduce_in_cluster, bf16_partials
         f32, f32,  # sm_scale * log2(e), lse scale
         p, i64, i64,  # output, strides
         p, i64, i64,  # lse, strides
@@ -234,7 +249,8 @@ def sparse_mla_attention(
     check_arch(device)
     if num_tokens == 0:
         return
-    splits = num_splits or num_splits_for(num_tokens, heads, topk, tsm._num_sms(device))
+    num_sms = tsm._num_sms(device)
+    splits = num_splits or num_splits_for(num_tokens, heads, topk, num_sms)
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
     in_cluster = merges_in_cluster(splits, heads, fp8kv) if reduce_in_cluster is None else reduce_in_cluster
     _check(not in_cluster or splits == CLUSTER_SPLITS,
@@ -243,7 +259,10 @@ def sparse_mla_attention(
     # One split, or splits merged in the cluster: the kernel writes the final output; else the Triton
     # launcher's partials layout.
     combined = splits > 1 and not in_cluster
-    partials = tsm.split_partials(device, num_tokens, splits, heads) if combined else (None, None, None)
+    bf16_partials = combined and bf16_partials_for(num_tokens, heads, splits, num_sms)
+    partials = (tsm.split_partials(device, num_tokens, splits, heads,
+                                   torch.bfloat16 if bf16_partials else torch.float32)
+                if combined else (None, None, None))
     if fp8kv:
         kv_a, stride_a, kv_b, stride_b = kv_cache, MLA_TOKEN_BYTES, None, 0
     else:
@@ -256,7 +275,7 @@ def sparse_mla_attention(
             q_pe.data_ptr(), q_pe.stride(0), q_pe.stride(1),
             int(fp8kv), kv_a.data_ptr(), stride_a, None if kv_b is None else kv_b.data_ptr(), stride_b,
             sparse_indices.data_ptr(), sparse_indices.stride(0),
-            num_tokens, heads, topk, splits, int(in_cluster),
+            num_tokens, heads, topk, splits, int(in_cluster), int(bf16_partials),
             float(sm_scale) * math.log2(math.e), lse_scale,
             output.data_ptr(), output.stride(0), output.stride(1),
             lse.data_ptr(), lse.stride(0), lse.stride(1),

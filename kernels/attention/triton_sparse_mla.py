@@ -443,7 +443,7 @@ def _sparse_mla_combine_kernel(
     d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
     # Every load is issued before any is used, so the partials do not wait behind the weights' math.
     acc = tl.load(part_acc_ptr + part[:, :, None].to(tl.int64) * _D_CKV + d[None, None, :],
-                  mask=in_use[None, :, None], other=0.0)
+                  mask=in_use[None, :, None], other=0.0).to(tl.float32)  # fp32, or the Hopper kernel's bf16
     m = tl.load(part_m_ptr + part, mask=in_use[None, :], other=float("-inf"))
     l = tl.load(part_l_ptr + part, mask=in_use[None, :], other=0.0)
     m_all = tl.max(m, 1)
@@ -573,15 +573,18 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def split_partials(device: torch.device, num_tokens: int, splits: int, heads: int
-                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(acc, m, l): fp32 partials of `splits` splits, row (token * splits + split) * heads + head;
-    acc has MLA_CKV_DIM values a row. Any kernel that writes this layout can be finished by
-    combine(). Allocated per call from PyTorch's caching allocator (no cudaMalloc once warm): its
-    blocks are stream-ordered, so calls on concurrent streams never share partials, and a CUDA graph
-    captures blocks of its own pool, which no later call can free or grow under it (a buffer kept
-    across calls could be both)."""
+def split_partials(device: torch.device, num_tokens: int, splits: int, heads: int,
+                   acc_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(acc, m, l): partials of `splits` splits, row (token * splits + split) * heads + head; acc has
+    MLA_CKV_DIM values a row in acc_dtype (fp32; the Hopper kernel also writes bf16), m and l fp32.
+    Any kernel that writes this layout can be finished by combine(). Allocated per call from
+    PyTorch's caching allocator (no cudaMalloc once warm): its blocks are stream-ordered, so calls on
+    concurrent streams never share partials, and a CUDA graph captures blocks of its own pool, which
+    no later call can free or grow under it (a buffer kept across calls could be both)."""
     rows = num_tokens * splits * heads
+    if acc_dtype != torch.float32:
+        stats = torch.empty(2 * rows, dtype=torch.float32, device=device)
+        return torch.empty(rows * MLA_CKV_DIM, dtype=acc_dtype, device=device), stats[:rows], stats[rows:]
     ws = torch.empty(rows * (MLA_CKV_DIM + 2), dtype=torch.float32, device=device)
     return ws[: rows * MLA_CKV_DIM], ws[rows * MLA_CKV_DIM:][:rows], ws[rows * (MLA_CKV_DIM + 1):][:rows]
 
@@ -736,12 +739,12 @@ def aot_specs() -> list[dict]:
         "stride_out_h": "i32:16", "stride_lse_t": "i32:16", "stride_lse_h": "i32",
     }
     blocks = sorted({combine_blocks(splits, heads) for heads in HEADS for splits in range(2, MAX_SPLITS + 1)})
-    for splits_pad, block_hc in blocks:
+    for (splits_pad, block_hc), acc in [(b, a) for b in blocks for a in ("*fp32", "*bf16")]:
         constexprs = {"SPLITS_PAD": splits_pad, "BLOCK_HC": block_hc, "BLOCK_D": COMBINE_BLOCK_D}
         specs.append({
-            "name": f"sparse_mla_combine_s{splits_pad}_h{block_hc}",
+            "name": f"sparse_mla_combine_s{splits_pad}_h{block_hc}" + ("" if acc == "*fp32" else "_bf16acc"),
             "fn": _sparse_mla_combine_kernel,
-            "signature": {**combine_args, **{k: "constexpr" for k in constexprs}},
+            "signature": {**combine_args, "part_acc_ptr": acc, **{k: "constexpr" for k in constexprs}},
             "constexprs": constexprs, "num_warps": COMBINE_WARPS, "num_stages": 1,
         })
     return specs

@@ -26,6 +26,8 @@
 #   bash profiles/h200/run.sh session11 OUTDIR     # the experiments prepared in sessions 10-11 in one call (below;
 #     its carried files from attention/session11/prepare_carry.sh)
 #   bash profiles/h200/run.sh session12 OUTDIR     # every GPU test, the Triton sanitizers, Hopper vs Triton
+#   bash profiles/h200/run.sh session13 OUTDIR     # the Hopper kernel's bf16 partials against the previous commit
+#     (attention/session13/ab.sh), every GPU test, the Hopper sanitizers, session 12's racecheck repeat
 #   (builds are compared by attention/bench_builds.sh, one process per build)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
@@ -33,7 +35,7 @@
 # Everything lands in profiles/h200/, returned as OUTDIR/results-MODE.tgz. SKIP="STEP ..." leaves those steps out
 # (their names as the step lines print them), e.g. steps an earlier call already ran on the same build.
 set -uo pipefail
-MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|q-path|session11|session12"
+MODES="check|perf|followup|hopper|hopper-ab|indexer-topk|hopper-quick|hopper-dev|triton-dev|attention|scratch-tests|cluster|session9|fp16-range|fp16-range-ab|session10|q-path|session11|session12|session13"
 MODE=${1:?usage: run.sh $MODES OUTDIR}
 OUT=${2:-/tmp/dsactl-h200}
 P=profiles/h200
@@ -214,9 +216,9 @@ elif [ "$MODE" = session11 ]; then
   # Prepared in session 11 (its one device call ran the first two steps on the same SASS; the rest needs CUPTI):
   # the shipped Hopper build through its tests and racecheck on the fp16-range tests; every timing method
   # on a Triton call; the Triton FP8 kernel with fp16 tiles (shipped in session 12, its experiment
-  # removed with its steps); this build against session 10's (.carry/s10); the Hopper kernel's bf16 split partials (next/hopper_patch_ab.sh, sanitizers left for a
-  # build that ships). Steps in order of what a cut-off run can least afford to lose. The carried
-  # files come from attention/session11/prepare_carry.sh.
+  # removed with its steps); this build against session 10's (.carry/s10); the Hopper kernel's bf16 split
+  # partials everywhere (shipped gated in session 13, its experiment removed with its step). Steps in order
+  # of what a cut-off run can least afford to lose. The carried files come from attention/session11/prepare_carry.sh.
   S11=$P/attention/session11
   mkdir -p "$S11"
   step pytest-hopper 60 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
@@ -225,7 +227,6 @@ elif [ "$MODE" = session11 ]; then
   step timing-methods 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_bench.py -k "every_available"
   step bench-builds 240 bash $P/attention/bench_builds.sh "$S11/builds" s10=.carry/s10/libhopper_mla.so \
     new=build/sm90a/libhopper_mla.so
-  step bf16-partials 300 env SANITIZE=0 bash $P/attention/next/hopper_patch_ab.sh bf16_partials "$S11/bf16-partials"
 elif [ "$MODE" = session12 ]; then
   # Session 12: the fp16-tile FP8 kernel shipped as the 64/128-head FP8 configuration (64-token tiles) and
   # the torch-profiler fix for torch < 2.12: every GPU test, the Triton sanitizers, Hopper vs Triton.
@@ -235,6 +236,13 @@ elif [ "$MODE" = session12 ]; then
   step triton-racecheck 120 compute-sanitizer --tool racecheck --error-exitcode 1 \
     python3 $P/attention/sanitize_attention.py fp8_variant contest
   step bench-hopper 150 python3 $P/attention/bench_hopper.py "$P/attention/session12/shipped"
+elif [ "$MODE" = session13 ]; then
+  # Session 13: the Hopper kernel's split partials in bf16 on grids over half the SMs. Two device calls:
+  # SKIP the second's steps in the first (ab) and the first's in the second.
+  step ab 480 bash $P/attention/session13/ab.sh "$P/attention/session13/ab"
+  step pytest-gpu 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  sanitize_hopper session13
+  step racecheck-repeat 200 env RUNS=2 bash $P/attention/session12/racecheck_empty_cluster.sh
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev

@@ -7,13 +7,11 @@
 #   .carry/cupti_python-13.0.1-*.whl   CUPTI timing on the H200 (the image has no cupti-python; 13.4.0 gave
 #                                      no CUPTI there in session 11)
 #   .carry/s10/libhopper_mla.so        session 10's kernel (0cccdce), the baseline of the builds bench
-#   .carry/NAME/{libhopper_mla.so,manifest.json}    each prepared Hopper patch's build (next/NAME.patch:
-#                                      bf16_partials; q_tma shipped in session 12) and its manifest, for next/hopper_patch_ab.sh
 #   build/sm90a                        this tree's build
 set -euo pipefail
 [ -f pyproject.toml ] && [ -d .git ] || { echo "run from the repository root"; exit 2; }
 grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/info/exclude
-git diff --quiet -- kernels || { echo "kernels/ has uncommitted changes: the patch and the builds need a clean tree"; exit 2; }
+git diff --quiet -- kernels || { echo "kernels/ has uncommitted changes: the builds need a clean tree"; exit 2; }
 mkdir -p .carry/s10
 ls .carry/cupti_python-13.0.1-*.whl >/dev/null 2>&1 ||
   python -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
@@ -26,13 +24,5 @@ git worktree add -q --detach "$S10" 0cccdce
 cp "$S10/build/sm90a/libhopper_mla.so" .carry/s10/
 git worktree remove --force "$S10"
 
-# Each prepared patch on this tree: its library and manifest, then the tree restored.
-for name in bf16_partials; do
-  git apply "profiles/h200/attention/next/$name.patch"
-  python -m dsactl build --arch sm90a >/dev/null
-  mkdir -p ".carry/$name"
-  cp build/sm90a/libhopper_mla.so build/sm90a/manifest.json ".carry/$name/"
-  git apply -R "profiles/h200/attention/next/$name.patch"
-done
 python -m dsactl build --arch sm90a >/dev/null
 du -sh .carry build/sm90a
