@@ -130,6 +130,54 @@ def test_interpreted_fp16_tiles_keep_values_past_the_fp16_range(scaled):
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
+@pytest.mark.parametrize("splits", [2, 4, 8, 16, 32])
+def test_interpreted_combine_merges_bf16_partials(splits):
+    """The Hopper kernel's bf16 partials through the combine, each split count with its own launch
+    (combine_config): the exact merge of the bf16 values, a row empty in every split and one split
+    of a row empty."""
+    num_tokens, heads = 2, 64
+    gen = torch.Generator().manual_seed(splits)
+    acc, m, l = tsm.split_partials(torch.device("cpu"), num_tokens, splits, heads, torch.bfloat16)
+    acc.copy_(torch.randn(acc.shape, generator=gen).to(torch.bfloat16))
+    m.copy_(torch.randn(m.shape, generator=gen) * 4)
+    l.copy_(torch.rand(l.shape, generator=gen) * 8 + 0.5)
+    m.view(num_tokens, splits, heads)[0, :, 3] = float("-inf")
+    l.view(num_tokens, splits, heads)[0, :, 3] = 0.0
+    m.view(num_tokens, splits, heads)[1, splits - 1, 5] = float("-inf")
+    l.view(num_tokens, splits, heads)[1, splits - 1, 5] = 0.0
+    output = torch.empty(num_tokens, heads, tsm.MLA_CKV_DIM, dtype=torch.bfloat16)
+    lse = torch.empty(num_tokens, heads)
+    poison({"output": output, "lse": lse})
+    tsm.combine((acc, m, l), None, output, lse, 1.0, heads, splits, num_tokens)
+
+    pm, pl = m.view(num_tokens, splits, heads), l.view(num_tokens, splits, heads)
+    pacc = acc.view(num_tokens, splits, heads, -1).float()
+    m_all = pm.amax(1)
+    w = torch.exp2(pm - torch.where(m_all == float("-inf"), 0.0, m_all)[:, None])
+    l_all = (w * pl).sum(1)
+    want = (w[..., None] * pacc).sum(1) / torch.where(l_all == 0, 1.0, l_all)[..., None]
+    want_lse = torch.where(l_all == 0, float("-inf"), m_all + torch.log2(torch.where(l_all == 0, 1.0, l_all)))
+    torch.testing.assert_close(output.float(), want.bfloat16().float(), atol=1e-2, rtol=1e-2)
+    torch.testing.assert_close(lse, want_lse, atol=1e-5, rtol=1e-5)
+    assert bool((output[0, 3] == 0).all()) and lse[0, 3] == float("-inf")
+
+
+def test_combine_launch_follows_the_partials_dtype():
+    """fp32 partials keep one launch shape; bf16 ones of 16 or more splits take 2 warps, and every
+    launch tiles the row and stays inside the combine tile."""
+    for splits in range(2, tsm.MAX_SPLITS + 1):
+        for heads in tsm.HEADS:
+            fp32 = tsm.combine_config(splits, heads)
+            assert (fp32.block_d, fp32.num_warps) == (tsm.COMBINE_BLOCK_D, tsm.COMBINE_WARPS)
+            for cfg in (fp32, tsm.combine_config(splits, heads, True)):
+                assert cfg.splits_pad >= splits and heads % cfg.block_hc == 0
+                assert tsm.MLA_CKV_DIM % cfg.block_d == 0
+                assert cfg.splits_pad * cfg.block_hc * cfg.block_d <= tsm.COMBINE_TILE
+    bf16 = {s: tsm.combine_config(s, 64, True) for s in (2, 4, 8, 16, 32)}
+    assert [c.num_warps for c in bf16.values()] == [4, 4, 4, 2, 2] and {c.block_d for c in bf16.values()} == {64}
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
 def test_interpreted_kernel_reads_strided_views():
     """q_nope/q_pe and ckv/kpe as slices of one 576-wide tensor, as MLA stores them."""
     g = torch.Generator().manual_seed(7)

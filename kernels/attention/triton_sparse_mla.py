@@ -61,6 +61,14 @@ MAX_SPLITS = 64
 COMBINE_BLOCK_D = 64
 COMBINE_TILE = 8192
 COMBINE_WARPS = 4
+# bf16 partials (the Hopper kernel's, on grids over half the SMs) of 16 or more splits: 2 warps. H200,
+# inside the Hopper calls (profiles/h200/attention/session13/combine/, ab-combine/): the combine of 16
+# splits took 3.2-4.0 us against 5.3-6.2 with 4 warps (12.3 with 8), h64 T=8 bf16 15.8 -> 13.7 us whole.
+# 2, 4 and 8 splits gained nothing steady from other columns or warps (within 0.5 us either way in the
+# A/B); 32 and 64 splits of bf16 partials (only when a caller forces them on a large grid) were not
+# measured and follow 16. fp32 partials: no variant was faster by more than 0.3 us.
+BF16_COMBINE_MIN_SPLITS = 16
+BF16_COMBINE_WARPS = 2
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _COMBINE_TILE = tl.constexpr(COMBINE_TILE)
@@ -555,15 +563,25 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
     return min(range(1, min(tiles, MAX_SPLITS) + 1), key=cost)
 
 
+@dataclass(frozen=True)
+class CombineConfig:
+    splits_pad: int  # splits padded to a power of two
+    block_hc: int  # heads per program: as many as fit in COMBINE_TILE
+    block_d: int  # columns per program
+    num_warps: int
+
+
 @functools.lru_cache(maxsize=None)
-def combine_blocks(num_splits: int, heads: int) -> tuple[int, int]:
-    """(SPLITS_PAD, BLOCK_HC) of the combine: splits padded to a power of two, then as many
-    heads as fit in COMBINE_TILE."""
+def combine_config(num_splits: int, heads: int, bf16_partials: bool = False) -> CombineConfig:
+    """The combine's launch for `num_splits` splits of `heads` heads, fp32 or bf16 partials."""
     splits_pad = max(2, triton.next_power_of_2(num_splits))
-    block_hc = min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
+    block_d, warps = COMBINE_BLOCK_D, COMBINE_WARPS
+    if bf16_partials and splits_pad >= BF16_COMBINE_MIN_SPLITS:
+        warps = BF16_COMBINE_WARPS
+    block_hc = min(heads, COMBINE_TILE // (splits_pad * block_d))
     _check(block_hc >= 1,
-           f"{num_splits} splits x {COMBINE_BLOCK_D} columns exceed the combine tile of {COMBINE_TILE} values")
-    return splits_pad, block_hc
+           f"{num_splits} splits x {block_d} columns exceed the combine tile of {COMBINE_TILE} values")
+    return CombineConfig(splits_pad, block_hc, block_d, warps)
 
 
 @functools.lru_cache(maxsize=None)
@@ -594,12 +612,12 @@ def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink
             num_tokens: int) -> None:
     """Merge split_partials() into output and lse (exact fp32 log-sum-exp merge, sink included)."""
     part_acc, part_m, part_l = partials
-    splits_pad, block_hc = combine_blocks(splits, heads)
-    _sparse_mla_combine_kernel[(MLA_CKV_DIM // COMBINE_BLOCK_D, heads // block_hc, num_tokens)](
+    cfg = combine_config(splits, heads, part_acc.dtype == torch.bfloat16)
+    _sparse_mla_combine_kernel[(MLA_CKV_DIM // cfg.block_d, heads // cfg.block_hc, num_tokens)](
         part_acc, part_m, part_l, attn_sink if attn_sink is not None else lse, output, lse,
         lse_scale, heads, splits, int(attn_sink is not None),
         output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-        SPLITS_PAD=splits_pad, BLOCK_HC=block_hc, BLOCK_D=COMBINE_BLOCK_D, num_warps=COMBINE_WARPS,
+        SPLITS_PAD=cfg.splits_pad, BLOCK_HC=cfg.block_hc, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
     )
 
 
@@ -738,13 +756,16 @@ def aot_specs() -> list[dict]:
         "num_heads": "i32:16", "num_splits": "i32", "has_sink": "i32", "stride_out_t": "i32:16",
         "stride_out_h": "i32:16", "stride_lse_t": "i32:16", "stride_lse_h": "i32",
     }
-    blocks = sorted({combine_blocks(splits, heads) for heads in HEADS for splits in range(2, MAX_SPLITS + 1)})
-    for (splits_pad, block_hc), acc in [(b, a) for b in blocks for a in ("*fp32", "*bf16")]:
-        constexprs = {"SPLITS_PAD": splits_pad, "BLOCK_HC": block_hc, "BLOCK_D": COMBINE_BLOCK_D}
+    combines = sorted({(combine_config(splits, heads, bf16), bf16) for heads in HEADS for bf16 in (False, True)
+                       for splits in range(2, MAX_SPLITS + 1)}, key=lambda c: (c[1], c[0].splits_pad, c[0].block_hc))
+    for cfg, bf16 in combines:
+        constexprs = {"SPLITS_PAD": cfg.splits_pad, "BLOCK_HC": cfg.block_hc, "BLOCK_D": cfg.block_d}
         specs.append({
-            "name": f"sparse_mla_combine_s{splits_pad}_h{block_hc}" + ("" if acc == "*fp32" else "_bf16acc"),
+            "name": f"sparse_mla_combine_s{cfg.splits_pad}_h{cfg.block_hc}"
+                    + (f"_bf16acc_d{cfg.block_d}w{cfg.num_warps}" if bf16 else ""),
             "fn": _sparse_mla_combine_kernel,
-            "signature": {**combine_args, "part_acc_ptr": acc, **{k: "constexpr" for k in constexprs}},
-            "constexprs": constexprs, "num_warps": COMBINE_WARPS, "num_stages": 1,
+            "signature": {**combine_args, "part_acc_ptr": "*bf16" if bf16 else "*fp32",
+                          **{k: "constexpr" for k in constexprs}},
+            "constexprs": constexprs, "num_warps": cfg.num_warps, "num_stages": 1,
         })
     return specs

@@ -27,7 +27,8 @@
 #     its carried files from attention/session11/prepare_carry.sh)
 #   bash profiles/h200/run.sh session12 OUTDIR     # every GPU test, the Triton sanitizers, Hopper vs Triton
 #   bash profiles/h200/run.sh session13 OUTDIR     # the Hopper kernel's bf16 partials against the previous commit
-#     (attention/session13/ab.sh), every GPU test, the Hopper sanitizers, session 12's racecheck repeat
+#     (attention/session13/ab.sh), every GPU test, the Hopper sanitizers, session 12's racecheck repeat;
+#     then the combine's launches for bf16 partials the same way
 #   (builds are compared by attention/bench_builds.sh, one process per build)
 #     (its logs and CSV of session 4 are in attention/, named s4v3: a variant measured and dropped)
 # The build is made beforehand (`dsactl build --arch sm90a`, same nvcc 13.0) and
@@ -243,6 +244,17 @@ elif [ "$MODE" = session13 ]; then
   step pytest-gpu 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests
   sanitize_hopper session13
   step racecheck-repeat 200 env RUNS=2 bash $P/attention/session12/racecheck_empty_cluster.sh
+  # Then the combine's launches for bf16 partials (second call: SKIP="ab pytest-gpu session13-memcheck
+  # session13-racecheck session13-synccheck racecheck-repeat"): A/B/A (ab.sh's header), every GPU test,
+  # memcheck and racecheck on a Hopper call with each bf16 launch then tried (16, 8, 4 and 2 splits; only
+  # the 16-split one shipped, session13/README.md).
+  step ab-combine 300 env PATCH=.carry/combine.patch PREV=.carry/same TITLE="the combine's launch for bf16 partials" \
+    bash $P/attention/session13/ab.sh "$P/attention/session13/ab-combine"
+  step pytest-gpu-combine 330 python3 -m pytest -q -m gpu -p no:cacheprovider tests
+  for tool in memcheck racecheck; do
+    step "combine-$tool" 200 compute-sanitizer --tool "$tool" --error-exitcode 1 python3 $P/attention/hopper_check.py \
+      64-2048-8-bf16-16-scattered 128-2048-8-bf16-8-scattered 128-2048-16-fp8-4-scattered 128-2048-32-fp8-2-scattered
+  done
 elif [ "$MODE" = hopper-dev ]; then
   step pytest-hopper 90 python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_attention_hopper.py
   sanitize_hopper hopper-dev

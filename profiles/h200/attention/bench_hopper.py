@@ -65,7 +65,8 @@ def caller(launcher, inputs: dict, outputs: dict, fp8: bool, **kwargs):
     return call
 
 
-def plot(path: Path, rows: list[dict]) -> None:
+def plot(path: Path, rows: list[dict], device: str | None = None) -> None:
+    """The table as TFLOPS per shape; device: the GPU's name for the title (default: this one's)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -88,7 +89,7 @@ def plot(path: Path, rows: list[dict]) -> None:
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("TFLOPS (useful: 2 x tokens x heads x 2048 x 1088)")
     axes[1].legend(fontsize=8)
-    fig.suptitle(f"Sparse MLA decode on {torch.cuda.get_device_name()}: CUPTI kernel time, cold L2")
+    fig.suptitle(f"Sparse MLA decode on {device or torch.cuda.get_device_name()}: CUPTI kernel time, cold L2")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

@@ -77,13 +77,13 @@ def settings(**overrides):
     saved = {k: getattr(mla, k) for k in overrides}
     for k, v in overrides.items():
         setattr(mla, k, v)
-    mla.combine_blocks.cache_clear()
+    mla.combine_config.cache_clear()
     try:
         yield
     finally:
         for k, v in saved.items():
             setattr(mla, k, v)
-        mla.combine_blocks.cache_clear()
+        mla.combine_config.cache_clear()
 
 
 def run(call, outputs):
