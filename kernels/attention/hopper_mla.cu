@@ -1338,9 +1338,9 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                           const void* q_pe, long long q_pe_stride_t, long long q_pe_stride_h, int fp8kv,
                           const void* kv_a, long long kv_a_stride, const void* kv_b, long long kv_b_stride,
                           const int* indices, long long indices_stride_t, int num_tokens, int heads, int topk,
-                          int num_splits, int reduce_in_cluster, int bf16_partials, float sm_scale_log2, float lse_scale,
-                          void* out, long long out_stride_t,
-                          long long out_stride_h, float* lse, long long lse_stride_t, long long lse_stride_h,
+                          int num_splits, int reduce_in_cluster, int bf16_partials, float sm_scale_log2,
+                          float lse_scale, void* out, long long out_stride_t, long long out_stride_h, float* lse,
+                          long long lse_stride_t, long long lse_stride_h,
                           void* part_acc, float* part_m, float* part_l, cudaStream_t stream) {
   if (heads != 64 && heads != 128) return kBadShape;
   if (topk < kBlockTokens || topk > kMaxTopk || topk % kBlockTokens != 0) return kBadShape;

@@ -575,13 +575,11 @@ class CombineConfig:
 def combine_config(num_splits: int, heads: int, bf16_partials: bool = False) -> CombineConfig:
     """The combine's launch for `num_splits` splits of `heads` heads, fp32 or bf16 partials."""
     splits_pad = max(2, triton.next_power_of_2(num_splits))
-    block_d, warps = COMBINE_BLOCK_D, COMBINE_WARPS
-    if bf16_partials and splits_pad >= BF16_COMBINE_MIN_SPLITS:
-        warps = BF16_COMBINE_WARPS
-    block_hc = min(heads, COMBINE_TILE // (splits_pad * block_d))
+    block_hc = min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
     _check(block_hc >= 1,
-           f"{num_splits} splits x {block_d} columns exceed the combine tile of {COMBINE_TILE} values")
-    return CombineConfig(splits_pad, block_hc, block_d, warps)
+           f"{num_splits} splits x {COMBINE_BLOCK_D} columns exceed the combine tile of {COMBINE_TILE} values")
+    warps = BF16_COMBINE_WARPS if bf16_partials and splits_pad >= BF16_COMBINE_MIN_SPLITS else COMBINE_WARPS
+    return CombineConfig(splits_pad, block_hc, COMBINE_BLOCK_D, warps)
 
 
 @functools.lru_cache(maxsize=None)
@@ -600,11 +598,10 @@ def split_partials(device: torch.device, num_tokens: int, splits: int, heads: in
     concurrent streams never share partials, and a CUDA graph captures blocks of its own pool, which
     no later call can free or grow under it (a buffer kept across calls could be both)."""
     rows = num_tokens * splits * heads
-    if acc_dtype != torch.float32:
-        stats = torch.empty(2 * rows, dtype=torch.float32, device=device)
-        return torch.empty(rows * MLA_CKV_DIM, dtype=acc_dtype, device=device), stats[:rows], stats[rows:]
-    ws = torch.empty(rows * (MLA_CKV_DIM + 2), dtype=torch.float32, device=device)
-    return ws[: rows * MLA_CKV_DIM], ws[rows * MLA_CKV_DIM:][:rows], ws[rows * (MLA_CKV_DIM + 1):][:rows]
+    acc_bytes = rows * MLA_CKV_DIM * acc_dtype.itemsize  # a multiple of 16: m and l start aligned
+    ws = torch.empty(acc_bytes + rows * 2 * 4, dtype=torch.uint8, device=device)  # one allocation a call
+    stats = ws[acc_bytes:].view(torch.float32)
+    return ws[:acc_bytes].view(acc_dtype), stats[:rows], stats[rows:]
 
 
 def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink: torch.Tensor | None,
