@@ -89,6 +89,10 @@ INTERPRETER_CASES = {
     "splits_64_tail": (_definition(16, 128, "_topklen"), 2, 4, {"pattern": "tail", "valid": (40, 128)}, 64),
     "splits_32_64_heads_fp8kv": (_definition(128, 64, "_fp8kv"), 1, 2, {}, 32),
     "splits_20_32_heads": (_definition(32, 64), 1, 2, {"pattern": "duplicates"}, 20),
+    # A split's share exactly fills its ids (ROW_PAD 256): the FP8 kernel's prefetch past the last tile
+    # and the pipeliner's gathers past the loop read clamped positions of valid ids.
+    "share_fills_ids_fp8kv": (_definition(16, 256, "_fp8kv"), 1, 4, {}, 1),
+    "share_fills_ids_64_heads": (_definition(64, 256, "_lsee"), 1, 4, {"pattern": "scattered"}, 1),
 }
 
 
@@ -245,6 +249,44 @@ def test_split_count_fills_the_gpu():
     assert tsm.num_splits_for(1, 16, 2048, tsm.config(16, False), sms) == 32
     assert tsm.num_splits_for(128, 128, 2048, tsm.config(128, False), sms) == 1
     assert tsm.num_splits_for(1, 16, 64, tsm.config(16, False), sms) == 1  # one tile: nothing to split
+
+
+def test_every_launch_passes_a_row_pad_that_holds_its_share_and_was_built():
+    sms = 132
+    built = {spec["name"] for spec in tsm.aot_specs()}
+    for heads in tsm.HEADS:
+        for fp8kv in (False, True):
+            for cfg in tsm.configs(heads, fp8kv):
+                pads = tsm.row_pads(cfg)
+                assert pads == sorted(pads) and pads[-1] == tsm.ROW_IDS_MAX
+                named = f"sparse_mla_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}" + (
+                    "" if cfg == tsm.config(heads, fp8kv) else f"_n{cfg.block_n}w{cfg.num_warps}")
+                assert {f"{named}_ids{pad}" for pad in pads} <= built
+                for topk in (1, 63, 64, 100, 576, 2047, 2048):
+                    for splits in range(1, min(tsm.MAX_SPLITS, topk) + 1):
+                        pad = tsm.row_pad(topk, splits, cfg)
+                        assert pad in pads and pad % cfg.block_n == 0 and pad >= -(-topk // splits)
+    assert tsm.row_pad(2048, 1, tsm.config(128, False)) == 2048
+    assert tsm.row_pad(2048, 32, tsm.config(128, False)) == tsm.ROW_IDS_MIN  # 64 positions, padded up
+
+
+def test_rows_longer_than_a_split_holds_take_more_splits_or_are_refused():
+    sms, cfg = 132, tsm.config(128, False)
+    for topk in (2049, 4096, 10000):
+        fewest = -(-topk // tsm.ROW_IDS_MAX)
+        for num_tokens in (1, 8, 128, 1024):
+            splits = tsm.num_splits_for(num_tokens, 128, topk, cfg, sms)
+            assert splits >= fewest and tsm.row_pad(topk, splits, cfg) <= tsm.ROW_IDS_MAX
+    with pytest.raises(DsactlError, match="topk 4096 in 1 splits leaves 4096 positions a split, over the 2048 "
+                                          "a split holds: use at least 2 splits"):
+        tsm.row_pad(4096, 1, cfg)
+    definition = _definition(16, 128)
+    inputs = _inputs(definition, 1, 80, "cpu")
+    long_rows = torch.arange(4096, dtype=torch.int32)[None]
+    d = get(definition)
+    outputs = d.allocate_outputs(d.check_inputs(inputs), "cpu")
+    with pytest.raises(DsactlError, match="use at least 2 splits"):
+        tsm.sparse_mla_attention(**{**inputs, **outputs, "sparse_indices": long_rows}, num_splits=1)
 
 
 def test_a_partial_cost_never_adds_splits():

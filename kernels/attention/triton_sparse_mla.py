@@ -70,6 +70,15 @@ COMBINE_WARPS = 4
 BF16_COMBINE_MIN_SPLITS = 16
 BF16_COMBINE_WARPS = 2
 
+# The most index positions a split holds at once (the split kernels load their split's ids once,
+# before the loop; see _split_ids): tl.gather stages them in shared memory, 4 bytes each, 8 KB beside
+# the 216 KB of the 64-head bf16 tiles. The contest's topk is 2048 (dsactl/definitions/topk.py
+# MAX_TOPK), one split; longer rows take at least cdiv(topk, ROW_IDS_MAX) splits (num_splits_for).
+ROW_IDS_MAX = 2048
+# The fewest ids a program loads (ROW_PAD): shorter shares are padded up to it (masked, -1), one or two
+# registers a thread, so that a kernel is built for 4 row lengths (256-2048), not 7 or 8.
+ROW_IDS_MIN = 256
+
 _LOG2E = tl.constexpr(1.4426950408889634)
 _COMBINE_TILE = tl.constexpr(COMBINE_TILE)
 _D_CKV = tl.constexpr(MLA_CKV_DIM)
@@ -110,6 +119,25 @@ def _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length):
     if has_topk_length:
         n_valid = tl.maximum(tl.minimum(tl.load(topk_length_ptr + t), topk), 0)
     return (n_valid - split + num_splits - 1) // num_splits  # >= 0 as split < num_splits
+
+
+@triton.jit
+def _split_ids(row_ptr, n_mine, num_splits, ROW_PAD: tl.constexpr):
+    """The ids of a split's n_mine positions [ROW_PAD], -1 past them, loaded once before the loop. Loaded
+    per tile inside the loop instead (the earlier form), each tile's id load sat in the chain that leads
+    to its rows' copies; hoisted, the pipelined loop only gathers them from shared memory (H200, full
+    rows of 2048, h128 T=128 bf16 311 against 331 us: profiles/h200/attention/session14/)."""
+    jr = tl.arange(0, ROW_PAD)
+    return tl.load(row_ptr + jr * num_splits, mask=jr < n_mine, other=-1)
+
+
+@triton.jit
+def _tile_ids(ids, start, offs_n, ROW_PAD: tl.constexpr):
+    """The ids of the tile at `start` [BLOCK_N]. The pipeliner computes the gathers of the tiles past the
+    loop's end too (only their loads are predicated off), and the FP8 kernel's hand prefetch reads one
+    tile past it, so positions are clamped into the ids; inside the loop no clamp applies, as ROW_PAD is
+    a multiple of BLOCK_N and at least the split's share (row_pad)."""
+    return tl.gather(ids, tl.minimum(start + offs_n, ROW_PAD - 1), 0)
 
 
 @triton.jit
@@ -169,10 +197,13 @@ def _sparse_mla_bf16_kernel(
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_ckv, stride_kpe, stride_idx_t,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
     HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    ROW_PAD: tl.constexpr,
 ):
-    """bf16 KV: ckv rows of 512 and kpe rows of 64 values, `stride_*` elements apart."""
+    """bf16 KV: ckv rows of 512 and kpe rows of 64 values, `stride_*` elements apart. ROW_PAD: a power
+    of two, a multiple of BLOCK_N, at least the split's share of the row (_split_ids)."""
     tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
     tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
+    tl.static_assert(ROW_PAD % BLOCK_N == 0, "a tile inside the loop must not run past the split's ids")
     group = tl.program_id(0)  # fastest: the head groups of one (token, split) share gathered rows in L2
     split = tl.program_id(1)
     t = tl.program_id(2)
@@ -185,15 +216,14 @@ def _sparse_mla_bf16_kernel(
     q_nope = tl.load(q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + d[None, :]).to(dot_dtype)
     q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + r[None, :]).to(dot_dtype)
     n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
-    row_ptr = indices_ptr + t * stride_idx_t + split
+    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, ROW_PAD)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
     acc = tl.zeros([BLOCK_H, _D_CKV], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     for start in range(0, n_mine, BLOCK_N):
-        j = start + offs_n
-        idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
+        idx = _tile_ids(ids, start, offs_n, ROW_PAD)
         valid = idx >= 0
         tok = idx.to(tl.int64)  # token ids times a row size overflow int32 on large caches
         kv = tl.load(ckv_ptr + tok[:, None] * stride_ckv + d[None, :], mask=valid[:, None], other=0.0).to(dot_dtype)
@@ -208,11 +238,9 @@ def _sparse_mla_bf16_kernel(
 
 
 @triton.jit
-def _fp8_tokens(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c):
-    """One tile's FP8 tokens: valid, the token ids (int64) and the pointers [N, 128] to their first
-    group of e4m3 values (group g at + g * 128)."""
-    j = start + offs_n
-    idx = tl.load(row_ptr + j * num_splits, mask=j < n_mine, other=-1)
+def _fp8_tokens(kv_ptr, idx, c):
+    """One tile's FP8 tokens from their ids [N]: valid, the token ids (int64) and the pointers [N, 128]
+    to their first group of e4m3 values (group g at + g * 128)."""
     valid = idx >= 0
     tok = idx.to(tl.int64)  # token ids times 656 bytes overflow int32 on large caches
     e_ptr = kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + tok[:, None] * _TOKEN_BYTES + c[None, :]
@@ -233,10 +261,10 @@ def _fp8_scales_rope(kv_ptr, tok, valid, r):
 
 
 @triton.jit
-def _gather_fp8(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c, r):
-    """One tile of FP8 tokens, raw: valid, the 4 groups of 128 e4m3 values [N, 128], their 4
-    fp32 scales [N], the rope values [N, 64] bf16."""
-    valid, tok, e_ptr = _fp8_tokens(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c)
+def _gather_fp8(kv_ptr, idx, c, r):
+    """One tile of FP8 tokens (ids idx [N]), raw: valid, the 4 groups of 128 e4m3 values [N, 128],
+    their 4 fp32 scales [N], the rope values [N, 64] bf16."""
+    valid, tok, e_ptr = _fp8_tokens(kv_ptr, idx, c)
     e0 = tl.load(e_ptr, mask=valid[:, None], other=0.0)
     e1 = tl.load(e_ptr + _SCALE_GROUP, mask=valid[:, None], other=0.0)
     e2 = tl.load(e_ptr + 2 * _SCALE_GROUP, mask=valid[:, None], other=0.0)
@@ -267,6 +295,7 @@ def _sparse_mla_fp8_kernel(
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, unused_stride_a, unused_stride_b, stride_idx_t,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
     HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    ROW_PAD: tl.constexpr,
 ):
     """FP8 KV under 64 heads (656-byte tokens; same arguments as the bf16 kernel, the second cache
     and its strides unused). The e4m3 values are exact in bf16, so the tiles feed tl.dot
@@ -278,6 +307,7 @@ def _sparse_mla_fp8_kernel(
     tl.static_assert(_NUM_SCALES == 4 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
                      "the kernel spells out 4 scale groups that tile the 512 ckv values")
     tl.static_assert(_TOKEN_BYTES % 16 == 0, "FP8 tokens start 16-byte aligned")
+    tl.static_assert(ROW_PAD % BLOCK_N == 0, "a tile inside the loop must not run past the split's ids")
     group = tl.program_id(0)
     split = tl.program_id(1)
     t = tl.program_id(2)
@@ -289,7 +319,7 @@ def _sparse_mla_fp8_kernel(
     q0, q1, q2, q3, q_pe = _load_q_groups(q_nope_ptr, q_pe_ptr, t, heads, c, r, stride_qn_t, stride_qn_h,
                                           stride_qp_t, stride_qp_h, dot_dtype)
     n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
-    row_ptr = indices_ptr + t * stride_idx_t + split
+    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, ROW_PAD)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -300,12 +330,11 @@ def _sparse_mla_fp8_kernel(
     offs_n = tl.arange(0, BLOCK_N)
     # With mma.sync tiles Triton's pipeliner does not prefetch a load that reaches tl.dot through a
     # conversion, so the next tile's bytes are loaded into registers by hand while this one computes.
-    nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(kv_ptr, row_ptr, 0, n_mine, num_splits,
-                                                                    offs_n, c, r)
+    nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(kv_ptr, _tile_ids(ids, 0, offs_n, ROW_PAD), c, r)
     for start in range(0, n_mine, BLOCK_N):
         valid, e0, e1, e2, e3, sc0, sc1, sc2, sc3, kpe = nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe
-        nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(kv_ptr, row_ptr, start + BLOCK_N, n_mine,
-                                                                        num_splits, offs_n, c, r)
+        nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(
+            kv_ptr, _tile_ids(ids, start + BLOCK_N, offs_n, ROW_PAD), c, r)
         e0 = e0.to(dot_dtype)
         e1 = e1.to(dot_dtype)
         e2 = e2.to(dot_dtype)
@@ -353,6 +382,7 @@ def _sparse_mla_fp8_f16_kernel(
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, unused_stride_a, unused_stride_b, stride_idx_t,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
     HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
+    ROW_PAD: tl.constexpr,
 ):
     """FP8 KV at 64+ heads (the FP8 kernel's arguments). Each token's 128-value groups are dequantized to
     fp16 (e4m3 x fp32 scale, rounded once: bf16 rounding fails the contest tolerance, hopper_mla.cu), q is
@@ -366,6 +396,7 @@ def _sparse_mla_fp8_f16_kernel(
     tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
     tl.static_assert(_NUM_SCALES == 4 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
                      "the kernel spells out 4 scale groups that tile the 512 ckv values")
+    tl.static_assert(ROW_PAD % BLOCK_N == 0, "a tile inside the loop must not run past the split's ids")
     group = tl.program_id(0)
     split = tl.program_id(1)
     t = tl.program_id(2)
@@ -389,7 +420,7 @@ def _sparse_mla_fp8_f16_kernel(
     q_pe = _to_f16(q_pe, q_down, dot_dtype)
     q_up = tl.exp2(q_shift)
     n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
-    row_ptr = indices_ptr + t * stride_idx_t + split
+    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, ROW_PAD)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -399,7 +430,7 @@ def _sparse_mla_fp8_f16_kernel(
     acc3 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
     offs_n = tl.arange(0, BLOCK_N)
     for start in range(0, n_mine, BLOCK_N):
-        valid, tok, e_ptr = _fp8_tokens(kv_ptr, row_ptr, start, n_mine, num_splits, offs_n, c)
+        valid, tok, e_ptr = _fp8_tokens(kv_ptr, _tile_ids(ids, start, offs_n, ROW_PAD), c)
         sc0, sc1, sc2, sc3, kpe = _fp8_scales_rope(kv_ptr, tok, valid, r)
         kpe = kpe.to(tl.float32)
         largest = tl.maximum(tl.maximum(tl.abs(sc0), tl.abs(sc1)), tl.maximum(tl.abs(sc2), tl.abs(sc3)))
@@ -479,13 +510,14 @@ def config(heads: int, fp8kv: bool) -> Config:
     is the shape that reached 257 TFLOPS on the H200 (DESIGN.md), and the only one where Triton
     issues wgmma.
     Fewer heads keep the whole head axis in one program, as every extra head group re-gathers
-    the same KV rows. At 64 heads the fp16-tile FP8 kernel takes 64-token tiles although it spills
-    20 bytes there (none at 32): 462.8 against 649.3 us at h128 T=128, 1.39x bf16 against 1.95x
-    (H200, profiles/h200/attention/session12/fp8-f16). Under 64 heads FP8 tiles are 32 tokens: the
-    hand-prefetched next tile would not fit in registers at 64."""
+    the same KV rows. At 64 heads the fp16-tile FP8 kernel takes 64-token tiles (462.8 against 649.3 us
+    with 32 at h128 T=128: profiles/h200/attention/session12/fp8-f16) and, with its ids loaded before
+    the loop, 3 stages (218 KB of shared memory, 12 bytes spilled at ROW_PAD 2048): 408 against 459 us
+    for per-tile ids and 2 stages (session14/; 2 stages with hoisted ids were not timed). Under 64 heads FP8 tiles are 32
+    tokens: the hand-prefetched next tile would not fit in registers at 64."""
     if heads >= 64:
         if fp8kv:
-            return Config(block_h=64, block_n=64, num_warps=8, num_stages=2, f16=True)
+            return Config(block_h=64, block_n=64, num_warps=8, num_stages=3, f16=True)
         return Config(block_h=64, block_n=64, num_warps=8, num_stages=2)
     if fp8kv:
         return Config(block_h=heads, block_n=32, num_warps=8, num_stages=2)
@@ -551,8 +583,10 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
     splits at 23 of 24 64/128-head shapes (T=2-64; the 24th, h64 FP8 T=2, takes 64 splits, outside that
     sweep: profiles/h200/attention/session7/triton-production-splits.csv). The Hopper kernel's larger
     partials need it (hopper_mla.PARTIAL_TILES).
-    Contest T=8 at 16 heads: 16 splits, 128 programs of 2 tiles; 128 heads at T=128: 1 split."""
+    Contest T=8 at 16 heads: 16 splits, 128 programs of 2 tiles; 128 heads at T=128: 1 split. Rows over
+    ROW_IDS_MAX take at least the splits that hold them (past MAX_SPLITS the launcher refuses them)."""
     tiles = triton.cdiv(topk, cfg.block_n)
+    fewest = triton.cdiv(topk, ROW_IDS_MAX)
     rows = num_tokens * (heads // cfg.block_h)
 
     def cost(splits: int) -> tuple[float, int]:
@@ -560,7 +594,7 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
         partials = partial_tiles * programs / num_sms if splits > 1 else 0.0
         return triton.cdiv(programs, num_sms) * (triton.cdiv(tiles, splits) + PROGRAM_OVERHEAD_TILES) + partials, splits
 
-    return min(range(1, min(tiles, MAX_SPLITS) + 1), key=cost)
+    return min(range(fewest, max(fewest, min(tiles, MAX_SPLITS)) + 1), key=cost)
 
 
 @dataclass(frozen=True)
@@ -672,6 +706,20 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
     return num_tokens, heads, topk, fp8kv
 
 
+def row_pad(topk: int, splits: int, cfg: Config) -> int:
+    """ROW_PAD of a launch: its splits' share of the row, to a power of two, a whole tile and ROW_IDS_MIN."""
+    share = triton.cdiv(topk, splits)
+    _check(share <= ROW_IDS_MAX, f"topk {topk} in {splits} splits leaves {share} positions a split, over the "
+                                 f"{ROW_IDS_MAX} a split holds: use at least {triton.cdiv(topk, ROW_IDS_MAX)} splits")
+    return max(triton.next_power_of_2(share), cfg.block_n, ROW_IDS_MIN)
+
+
+def row_pads(cfg: Config) -> list[int]:
+    """Every ROW_PAD a launch of this configuration can pass (row_pad)."""
+    smallest = max(cfg.block_n, ROW_IDS_MIN)
+    return [1 << b for b in range(smallest.bit_length() - 1, ROW_IDS_MAX.bit_length())]
+
+
 def _kernel(fp8kv: bool, cfg: Config) -> triton.runtime.JITFunction:
     """The split kernel a configuration launches."""
     if not fp8kv:
@@ -702,6 +750,7 @@ def sparse_mla_attention(
     cfg = launch_config(num_tokens, heads, topk, fp8kv, num_sms)
     splits = num_splits or num_splits_for(num_tokens, heads, topk, cfg, num_sms)
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
+    pad = row_pad(topk, splits, cfg)
     lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
     # splits == 1: the program writes the final output; the partial pointers are never read.
     partials = (lse, lse, lse) if splits == 1 else split_partials(device, num_tokens, splits, heads)
@@ -717,7 +766,7 @@ def sparse_mla_attention(
         int(topk_length is not None), int(attn_sink is not None),
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
         sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING,
+        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING, ROW_PAD=pad,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )
     if splits > 1:
@@ -734,15 +783,16 @@ def aot_specs() -> list[dict]:
     split_types = pointers + ["fp32", "fp32"] + ["i32"] * 4 + ["i32:16"] * 10 + ["i32"]
     specs = []
     for heads in HEADS:
-        for fp8kv, cfg in [(f, c) for f in (False, True) for c in configs(heads, f)]:
+        for fp8kv, cfg, pad in [(f, c, p) for f in (False, True) for c in configs(heads, f) for p in row_pads(c)]:
             kernel = _kernel(fp8kv, cfg)
             types = list(split_types)
             types[2:4] = ["*i8", "*i8"] if fp8kv else ["*bf16", "*bf16"]  # the two cache pointers
-            constexprs = {"HEADS": heads, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "UPCAST_DOT": False}
+            constexprs = {"HEADS": heads, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "UPCAST_DOT": False,
+                          "ROW_PAD": pad}
             names = [n for n in kernel.arg_names if n not in constexprs]
             specs.append({
                 "name": f"sparse_mla_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}"
-                        + ("" if cfg == config(heads, fp8kv) else f"_n{cfg.block_n}w{cfg.num_warps}"),
+                        + ("" if cfg == config(heads, fp8kv) else f"_n{cfg.block_n}w{cfg.num_warps}") + f"_ids{pad}",
                 "fn": kernel,
                 "signature": {**dict(zip(names, types, strict=True)), **{k: "constexpr" for k in constexprs}},
                 "constexprs": constexprs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
