@@ -36,3 +36,45 @@ def test_kernel_sources_ship_as_package_data():
     for src in (ROOT / "kernels").rglob("*.cu*"):
         rel = src.relative_to(ROOT / "kernels").as_posix()
         assert any(re.fullmatch(p.replace(".", r"\.").replace("*", r"[^/]*"), rel) for p in cfg), rel
+
+
+def test_readme_result_tables_are_rendered_from_the_committed_results():
+    from dsactl import results
+
+    text = (ROOT / "README.md").read_text()
+    names = [m.group("name") for m in results.BLOCK.finditer(text)]
+    assert set(names) == set(results.TABLES), "every result table appears once in the README"
+    assert all(m.group("body").count("\n|") >= 2 for m in results.BLOCK.finditer(text)), "no empty table"
+    assert results.stale(text) == [], "run: python -m dsactl.results --write README.md"
+
+
+def test_readme_stays_short():
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 180
+
+
+def _tracked() -> list[Path]:
+    import subprocess
+
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return [p for p in ROOT.rglob("*") if p.is_file() and ".venv" not in p.parts and ".git" not in p.parts]
+    return [ROOT / p for p in out.decode().split("\0") if p]
+
+
+def test_profiles_hold_current_results_only():
+    files = [p for p in _tracked() if p.is_relative_to(ROOT / "profiles") and p.exists()]
+    assert len(files) <= 80 and sum(p.stat().st_size for p in files) <= 3 * 2**20
+    assert not [p for p in files if p.suffix in (".patch", ".txt", ".log", ".ncu-rep")], "no logs, patches, reports"
+
+
+def test_no_work_log_labels_in_the_tree():
+    """The tree says what is and why; when and in which work period it was done is git history's."""
+    label = re.compile(r"\b(sessions? ?\d+|session\d+|issues? #?\d+|the H200 image)\b", re.I)
+    found = []
+    for path in _tracked():
+        if path.suffix in (".py", ".cu", ".cuh", ".md", ".sh", ".toml", ".txt", ".json", ".csv") and path.exists():
+            for n, line in enumerate(path.read_text(errors="replace").splitlines(), 1):
+                if label.search(line) and path.name != "test_project.py":
+                    found.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()[:80]}")
+    assert not found, "\n".join(found[:20])

@@ -9,7 +9,8 @@ the denominator of every speedup) is always timed unless --no-reference. --basel
 names pick among the others (default: all that serve the definition):
   <solution>    a registered Solution with baseline=True (e.g. torch-topk)
   flashinfer    FlashInfer's top_k_page_table_transform (top-k definitions)
-  flashmla      FlashMLA sparse decode (FP8-KV attention, 64 or 128 heads)
+  flashmla      FlashMLA's sparse attention (attention definitions): its decode kernel for FP8 KV, its
+                prefill kernel for bf16 KV; under 64 heads q is padded to 64 heads, as engines do
 A plug-in that is not importable here is listed as skipped, never an error.
 """
 
@@ -75,21 +76,38 @@ def _flashinfer_topk(module: Any, call: Call) -> Callable[[], Any]:
     return functools.partial(module.top_k_page_table_transform, scores, tokens, x["lengths"], k, x["row_to_batch"])
 
 
-def _flashmla_sparse_decode(module: Any, call: Call) -> Callable[[], Any]:
-    """Each query token is one FlashMLA batch entry of one query: q [T, 1, H, 576], the
-    656-byte cache as [pages, 64, 1, 656] e4m3 bytes, indices [T, 1, topk]."""
+FLASHMLA_HEADS = (64, 128)  # the head counts FlashMLA's sparse kernels take on sm_90
+
+
+def _flashmla_q(x: dict, heads: int) -> torch.Tensor:
+    """q [T, H', 576] with H' the FlashMLA head count at or above `heads`: under 64 heads the extra heads are
+    zeros, as serving engines pad tensor-parallel shards (16 or 32 heads) today. Padding happens here, outside
+    the timed call, so the baseline pays only its kernel."""
+    q = torch.cat([x["q_nope"], x["q_pe"]], dim=-1)
+    padded = next(h for h in FLASHMLA_HEADS if h >= heads)
+    return torch.nn.functional.pad(q, (0, 0, 0, padded - heads)).contiguous()
+
+
+def _flashmla_attention(module: Any, call: Call) -> Callable[[], Any]:
+    """FP8 KV: the sparse decode kernel, each query token one batch entry of one query (q [T, 1, H, 576], the
+    656-byte cache as [pages, 64, 1, 656] e4m3 bytes, indices [T, 1, topk]). bf16 KV: the sparse prefill kernel
+    (`flash_mla_sparse_fwd`, the only FlashMLA kernel that reads bf16 sparse KV), over ckv and kpe concatenated
+    into one [tokens, 1, 576] cache once, outside the timed call."""
     x, d = call.inputs, call.definition
-    heads, topk = d.params["heads"], d.params["topk"]
-    q = torch.cat([x["q_nope"], x["q_pe"]], dim=-1).unsqueeze(1).contiguous()
-    kv = x["kv_cache"].view(torch.float8_e4m3fn).unsqueeze(2)
-    indices = x["sparse_indices"].unsqueeze(1).contiguous()
-    seqlens = torch.full((q.shape[0],), topk, dtype=torch.int32, device=q.device)
-    meta, splits = module.get_mla_metadata(seqlens, heads, 1, heads, True, topk)
+    q = _flashmla_q(x, d.params["heads"])
     extra = {}
     if d.params["has_topk_length"]:
         extra["topk_length"] = x["topk_length"]
     if d.params["has_sink"]:
-        extra["attn_sink"] = x["attn_sink"]
+        extra["attn_sink"] = torch.nn.functional.pad(x["attn_sink"], (0, q.shape[1] - d.params["heads"]))
+    indices = x["sparse_indices"].unsqueeze(1).contiguous()
+    if not d.params["fp8kv"]:
+        kv = torch.cat([x["ckv_cache"], x["kpe_cache"]], dim=-1).flatten(0, 1).unsqueeze(1).contiguous()
+        return functools.partial(module.flash_mla_sparse_fwd, q, kv, indices, x["sm_scale"], MLA_CKV_DIM, **extra)
+    q = q.unsqueeze(1)
+    kv = x["kv_cache"].view(torch.float8_e4m3fn).unsqueeze(2)
+    seqlens = torch.full((q.shape[0],), d.params["topk"], dtype=torch.int32, device=q.device)
+    meta, splits = module.get_mla_metadata(seqlens, q.shape[2], 1, q.shape[2], True, d.params["topk"])
     return functools.partial(module.flash_mla_with_kvcache, q, kv, None, seqlens, MLA_CKV_DIM, meta, splits,
                              softmax_scale=x["sm_scale"], is_fp8_kvcache=True, indices=indices, **extra)
 
@@ -115,8 +133,7 @@ class Plugin:
 PLUGINS = (
     Plugin("flashinfer", "flashinfer", lambda d: stage(d) == "topk", _flashinfer_topk),
     Plugin("flashmla", "flash_mla",
-           lambda d: stage(d) == "attention" and d.params["fp8kv"] and d.params["heads"] in (64, 128),
-           _flashmla_sparse_decode),
+           lambda d: stage(d) == "attention" and d.params["heads"] <= max(FLASHMLA_HEADS), _flashmla_attention),
 )
 
 

@@ -1,0 +1,205 @@
+"""The README's result tables, rendered from the committed results under profiles/<gpu>/.
+
+Each table in README.md sits between `<!-- results:NAME -->` and `<!-- /results -->`. `render(NAME)` makes it
+from the CSV or JSON that profiles/reproduce.sh wrote; `python -m dsactl.results --write README.md` rewrites
+every marked table and `--check README.md` exits 1 naming each one that differs, so a published figure
+cannot drift from its source (a CPU test runs the check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+from dsactl.bench.metrics import stage
+from dsactl.bench.report import read_csv
+from dsactl.bench.runner import Result
+from dsactl.definitions import get as get_definition
+from dsactl.fp8 import PAGE_SIZE
+from dsactl.workloads import suite
+
+REPO = Path(__file__).resolve().parents[1]
+GPU = "h200"
+BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+
+
+def _source(name: str) -> Path:
+    return REPO / "profiles" / GPU / name
+
+
+def _rows(file: str) -> list[Result]:
+    return read_csv(_source(file)).results
+
+
+def _axes() -> dict[str, dict[str, int]]:
+    """Workload id -> its axes, over every embedded suite (the CSVs name workloads by id)."""
+    return {w.uuid: w.axes for w in suite("all")}
+
+
+def _md(header: Sequence[str], rows: Iterable[Sequence[str]], right_from: int = 1) -> str:
+    """A markdown table; columns from `right_from` on are numbers, aligned right."""
+    align = ["---" if i < right_from else "---:" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def _us(v: float | None) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.1f}" if v >= 100 else f"{v:.2f}"
+
+
+def _gmean(values: Sequence[float]) -> float:
+    return math.exp(statistics.fmean(math.log(v) for v in values))
+
+
+def _family(definition: str) -> str:
+    return stage(get_definition(definition))
+
+
+def contest() -> str:
+    """Per stage and contender on the contest suite: mean and max latency, and both means of the
+    per-workload speedups (the contest's score is the arithmetic one)."""
+    groups: dict[tuple[str, str], list[Result]] = {}
+    for r in _rows("contest.csv"):
+        groups.setdefault((_family(r.definition), r.solution), []).append(r)
+    out = []
+    for (family, solution), rs in groups.items():
+        speedups = [r.speedup for r in rs if r.speedup is not None and r.kind != "reference"]
+        out.append((family, solution, str(len(rs)), _us(statistics.fmean(r.median_us for r in rs)),
+                    _us(max(r.median_us for r in rs)),
+                    f"{statistics.fmean(speedups):.1f}x" if speedups else "1x",
+                    f"{_gmean(speedups):.1f}x" if speedups else "1x"))
+    return _md(["stage", "contender", "workloads", "mean us", "max us", "speedup, arithmetic mean",
+                "speedup, geometric mean"], out, right_from=2)
+
+
+def _attention(fp8: bool) -> str:
+    """Production attention, one KV format: latency per heads x tokens for our kernel and FlashMLA timed in
+    the same run, FlashMLA's time over ours, and the implementation that served our rows."""
+    axes = _axes()
+    cells: dict[tuple[int, str], dict[int, Result]] = {}
+    tokens: set[int] = set()
+    for r in _rows("attention.csv"):
+        p = get_definition(r.definition).params
+        if p["fp8kv"] != fp8:
+            continue
+        t = axes[r.workload]["num_tokens"]
+        tokens.add(t)
+        cells.setdefault((p["heads"], r.solution), {})[t] = r
+    ts = sorted(tokens)
+    heads = sorted({h for h, _ in cells})
+    rows = []
+    for h in heads:
+        ours = next((v for (hh, s), v in cells.items() if hh == h and s.startswith("dsactl")), {})
+        theirs = cells.get((h, "flashmla"), {})
+        impl = sorted({getattr(r, "impl", "") or "" for r in ours.values()} - {""})
+        rows.append((f"{h}", "dsactl" + (f" ({', '.join(impl)})" if impl else ""),
+                     *(_us(ours[t].median_us) if t in ours else "—" for t in ts)))
+        if theirs:
+            rows.append((f"{h}", "FlashMLA" + (" (padded to 64 heads)" if h < 64 else ""),
+                         *(_us(theirs[t].median_us) if t in theirs else "—" for t in ts)))
+            rows.append((f"{h}", "FlashMLA / dsactl",
+                         *(f"{theirs[t].median_us / ours[t].median_us:.2f}" if t in theirs and t in ours else "—"
+                           for t in ts)))
+    return _md(["heads", "contender, us", *(f"T={t}" for t in ts)], rows, right_from=2)
+
+
+def attention_fp8() -> str:
+    return _attention(True)
+
+
+def attention_bf16() -> str:
+    return _attention(False)
+
+
+def _pivot(file: str, row_axis: str, columns: tuple[str, Callable[[dict[str, int]], int]],
+           solutions: dict[str, str], keep: Callable[[Result], bool] = lambda r: True) -> str:
+    """Latency of named contenders, one row per (row axis, contender), one column per value of
+    columns = (title, value from a workload's axes)."""
+    axes = _axes()
+    table: dict[tuple[int, str], dict[int, float]] = {}
+    cols: set[int] = set()
+    for r in _rows(file):
+        if r.solution not in solutions or not keep(r):
+            continue
+        a = axes[r.workload]
+        col = columns[1](a)
+        cols.add(col)
+        table.setdefault((a[row_axis], r.solution), {})[col] = r.median_us
+    cs = sorted(cols)
+    order = list(solutions)
+    rows = [(str(k), solutions[s], *(_us(v.get(c)) for c in cs))
+            for (k, s), v in sorted(table.items(), key=lambda kv: (kv[0][0], order.index(kv[0][1])))]
+    return _md([row_axis.replace("_", " "), "contender, us", *(f"{columns[0]} {c}" for c in cs)], rows, right_from=2)
+
+
+def indexer() -> str:
+    return _pivot("indexer.csv", "batch_size", ("ctx", lambda a: a["max_num_pages"] * PAGE_SIZE),
+                  {"dsactl-indexer": "dsactl", "torch-indexer": "torch (vectorized)"})
+
+
+def topk() -> str:
+    return _pivot("topk.csv", "num_rows", ("len", lambda a: a["max_len"]), {"dsactl-topk": "dsactl", "torch-topk": "torch.topk + gather"},
+                  keep=lambda r: not get_definition(r.definition).name.endswith("_bf16"))
+
+
+def verify() -> str:
+    """Per suite and stage: (solution, workload) pairs that passed, failed or errored, from verify.json."""
+    data = json.loads(_source("verify.json").read_text())
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for case in data["results"]:
+        c = counts.setdefault((case["suite"], _family(case["definition"])), {"passed": 0, "failed": 0, "error": 0})
+        c[case["status"]] += 1
+    return _md(["suite", "stage", "passed", "failed", "errors"],
+               ((s, f, str(c["passed"]), str(c["failed"]), str(c["error"])) for (s, f), c in counts.items()),
+               right_from=2)
+
+
+TABLES: dict[str, Callable[[], str]] = {
+    "contest": contest, "attention-fp8": attention_fp8, "attention-bf16": attention_bf16,
+    "indexer": indexer, "topk": topk, "verify": verify,
+}
+
+
+def render(name: str) -> str:
+    return TABLES[name]()
+
+
+def rewrite(text: str) -> str:
+    """The text with every marked table rendered anew."""
+    return BLOCK.sub(lambda m: m.group(1) + render(m.group("name")) + m.group(4), text)
+
+
+def stale(text: str) -> list[str]:
+    """The names of the marked tables whose text differs from their rendering."""
+    return [m.group("name") for m in BLOCK.finditer(text) if m.group("body") != render(m.group("name"))]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m dsactl.results", description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", metavar="README", type=Path, help="rewrite the marked tables in place")
+    mode.add_argument("--check", metavar="README", type=Path, help="exit 1 if a marked table differs")
+    args = parser.parse_args(argv)
+    path = args.write or args.check
+    text = path.read_text()
+    if args.write:
+        path.write_text(rewrite(text))
+        return 0
+    bad = stale(text)
+    for name in bad:
+        print(f"{path}: table {name!r} differs from profiles/{GPU}/ (python -m dsactl.results --write {path})",
+              file=sys.stderr)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

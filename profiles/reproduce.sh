@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Regenerates profiles/<gpu>/ (and the Nsight Compute fixtures under tests/fixtures/ncu/) on a GPU machine.
+#
+#   bash profiles/reproduce.sh                 # every area, in the order below
+#   bash profiles/reproduce.sh contest attention   # some areas
+#
+# Run from the repository root. The checkout runs as is (`python3 -m dsactl`, no install needed) with the
+# machine's torch and triton; `dsactl build --arch <arch>` must have been run (on this machine or on a CPU
+# machine with the same nvcc, build/<arch>/ carried along). Areas:
+#   env        environment.json: GPU, clocks, driver, torch, triton, nvcc, ncu (dsactl doctor)
+#   verify     verify.json: every solution on every embedded suite against the references
+#   contest    contest.csv/.json + PNGs: the contest suite, every solution, torch baselines and the reference
+#   attention  attention.csv/.json + PNGs: production attention shapes (16-128 heads, 1-512 tokens, bf16 and
+#              FP8 KV), with FlashMLA's sparse decode in the same run when it imports (below)
+#   indexer    indexer.csv/.json + PNGs: the indexer at batch 1-128 x context 4K-128K
+#   topk       topk.csv/.json + PNGs: top-k with page translation, rows 1-128 x lengths 2K-128K
+#   ncu        ncu/: Nsight Compute tables and roofline of one workload per kernel family; the reports
+#              themselves become the CPU tests' fixtures (tests/fixtures/ncu/<family>.ncu-rep)
+#   readme     README.md's result tables rewritten from the CSVs above (python3 -m dsactl.results)
+#
+# FlashMLA (the `-b flashmla` baseline) is built from source when .baselines/FlashMLA holds its repository
+# and .baselines/nvidia_cutlass-*.whl the CUTLASS headers (docs/design.md, "Baselines"); without them the
+# attention area times our kernels alone and says so.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+DSACTL=(python3 -m dsactl)
+GPU=$(python3 -c "import torch; from dsactl.device import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))") ||
+  { echo "reproduce.sh: no CUDA GPU is visible" >&2; exit 2; }
+DIR=profiles/$GPU
+mkdir -p "$DIR"
+AREAS=("$@")
+[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention indexer topk ncu readme)
+
+# cupti-python times kernels by CUPTI; a wheel carried in .carry/ installs where pip has no network.
+if ! python3 -c "from cupti import cupti" 2>/dev/null && ls .carry/cupti_python-*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-deps --no-index --target /tmp/cupti .carry/cupti_python-*.whl &&
+    export PYTHONPATH=/tmp/cupti:$PYTHONPATH
+fi
+
+flashmla() {  # prints "-b flashmla" when FlashMLA imports (building it first if its source is here)
+  if ! python3 -c "import flash_mla" 2>/dev/null && [ -d .baselines/FlashMLA ]; then
+    ( cd .baselines/FlashMLA && rm -rf csrc/cutlass &&
+      python3 -c "import zipfile, glob; z = zipfile.ZipFile(glob.glob('../nvidia_cutlass-*.whl')[0]); \
+z.extractall('/tmp/cutlass-wheel', [n for n in z.namelist() if n.startswith('cutlass_library/source/')])" &&
+      mv /tmp/cutlass-wheel/cutlass_library/source csrc/cutlass &&
+      CPLUS_INCLUDE_PATH=$(dirname "$(which nvcc)")/../include/cccl FLASH_MLA_DISABLE_SM100=1 \
+        MAX_JOBS=$(nproc) NVCC_THREADS=2 python3 setup.py build_ext --inplace >/tmp/flashmla-build.log 2>&1 ) ||
+      echo "reproduce.sh: FlashMLA did not build (/tmp/flashmla-build.log)" >&2
+    export PYTHONPATH=$PWD/.baselines/FlashMLA:$PYTHONPATH
+  fi
+  python3 -c "import flash_mla" 2>/dev/null && echo "-b flashmla"
+}
+
+bench() {  # bench AREA ARGS...: one CSV/JSON and its PNGs per area
+  local area=$1; shift
+  "${DSACTL[@]}" bench "$@" --csv "$DIR/$area.csv" --json "$DIR/$area.json" --plot "$DIR/$area"
+}
+
+for area in "${AREAS[@]}"; do
+  echo "== $area"
+  case $area in
+    env) "${DSACTL[@]}" doctor --json "$DIR/environment.json" ;;
+    verify) "${DSACTL[@]}" verify --suite all --json "$DIR/verify.json" ;;
+    contest) bench contest --suite contest ;;
+    attention)
+      # FlashMLA's decode serves 64/128 heads; at 16/32 heads it runs padded to 64, as serving engines do.
+      # shellcheck disable=SC2046
+      bench attention --suite scale -d 'dsa_sparse_attention_*' --no-reference --iters 20 --trials 2 $(flashmla) ;;
+    indexer) bench indexer --suite scale -d 'dsa_topk_indexer_*' --no-reference --iters 20 --trials 2 ;;
+    topk) bench topk --suite scale -d 'dsa_topk_page_transform_*' --no-reference --iters 20 --trials 2 ;;
+    ncu)
+      mkdir -p tests/fixtures/ncu
+      for pick in indexer:dsactl-indexer:contest-indexer-100 topk:dsactl-topk:scale-topk-r8-len32768-fp32 \
+                  attention:dsactl-attention:contest-attention-004; do
+        IFS=: read -r family solution workload <<<"$pick"
+        "${DSACTL[@]}" profile --ncu roofline --suite all --solution "$solution" -w "$workload" -o "$DIR/ncu/$family" &&
+          mv "$DIR/ncu/$family/$solution.ncu-rep" "tests/fixtures/ncu/$family.ncu-rep"
+      done ;;
+    readme) python3 -m dsactl.results --write README.md ;;
+    *) echo "reproduce.sh: unknown area $area" >&2; exit 2 ;;
+  esac || echo "reproduce.sh: area $area failed" >&2
+done
