@@ -14,10 +14,8 @@ import torch
 
 from dsactl.definitions.base import Definition, TensorSpec
 from dsactl.fp8 import INDEX_HEAD_DIM, PAGE_SIZE, dequantize_index_k
+from dsactl.kernels.indexer.shapes import HEADS, NEXT_NS, TOPKS
 
-HEADS = (32, 64)
-TOPKS = (512, 1024, 2048)
-NEXT_NS = (1, 2, 3, 4)
 NAME_RE = re.compile(r"^dsa_topk_indexer_fp8_h(\d+)_d128_topk(\d+)_ps64(?:_nextn(\d+))?$")
 
 

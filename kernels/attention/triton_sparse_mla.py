@@ -40,9 +40,9 @@ import torch
 import triton
 import triton.language as tl
 
-from dsactl.errors import DsactlError
-from dsactl.fp8 import (MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET,
-                        MLA_TOKEN_BYTES)
+from ..errors import KernelInputError
+from ..fp8 import (MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET,
+                    MLA_TOKEN_BYTES)
 
 # The interpreter computes bf16 tl.dot wrongly (DESIGN.md section 5): upcast to fp32 there.
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -654,7 +654,7 @@ def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink
 
 def _check(cond: bool, message: str, who: str = "sparse MLA attention") -> None:
     if not cond:
-        raise DsactlError(f"{who}: {message}")
+        raise KernelInputError(f"{who}: {message}")
 
 
 def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple, device: torch.device,
@@ -671,7 +671,7 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
                  attn_sink, heads_served: tuple[int, ...] = HEADS, who: str = "sparse MLA attention"
                  ) -> tuple[int, int, int, bool]:
     """The operator's contract on the host, for every kernel that implements it:
-    (num_tokens, heads, topk, fp8kv), or a DsactlError that starts with `who`."""
+    (num_tokens, heads, topk, fp8kv), or a KernelInputError that starts with `who`."""
     _check(isinstance(q_nope, torch.Tensor) and q_nope.dim() == 3, "q_nope must be a [T, H, 512] tensor", who)
     device = q_nope.device
     num_tokens, heads, _ = q_nope.shape

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from dsactl.errors import DsactlError
-from dsactl.fp8 import PAGE_SIZE
+from ..errors import KernelInputError
+from ..fp8 import PAGE_SIZE
 
 # Below every float32 (whose lowest finite value is about -3.4e38), ordered:
 NEG_INF_KEY = -1e300  # a valid -inf score
@@ -28,7 +28,7 @@ def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table
     num_rows, max_len = scores.shape
     topk = topk_indices.shape[1]
     if topk_indices.shape[0] != num_rows:
-        raise DsactlError(f"topk_indices has {topk_indices.shape[0]} rows, scores {num_rows}")
+        raise KernelInputError(f"topk_indices has {topk_indices.shape[0]} rows, scores {num_rows}")
     key = scores.double()
     key = torch.where(key == float("-inf"), NEG_INF_KEY, key)
     key = torch.where(torch.isnan(key), NAN_KEY, key)
