@@ -104,7 +104,8 @@ SOLUTIONS: list[Solution] = [
                "triton", f"dsactl.kernels.attention.solution:sparse_attention{v}",
                ("the Hopper CUDA kernel on sm_90 at 64/128 heads, else " if v in HOPPER_ATTENTION_VARIANTS else "")
                + "sparse MLA in Triton: 16-64 heads per program, split-KV sized to fill the SMs, exact fp32 combine"
-               + (", FP8 KV dequantized in-kernel" if "fp8kv" in v else ""), pack_entries=_triton_only_entries(v))
+               + (", FP8 KV dequantized in-kernel" if "fp8kv" in v else ""),
+               pack_entries=_triton_only_entries(v))
       for v in ATTENTION_VARIANTS),
     *(Solution(f"dsactl-attention-hopper{v.replace('_', '-')}",
                tuple(f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk*_ps64{v}" for h in (64, 128)),

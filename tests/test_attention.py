@@ -21,7 +21,7 @@ from dsactl import solutions
 from dsactl.definitions import get
 from dsactl.kernels.errors import KernelError
 from dsactl.harness import poison
-from dsactl.kernels.attention import solution, torch_baseline
+from dsactl.kernels.attention import entries, solution, torch_baseline, triton_entries
 from dsactl.kernels.attention import triton_sparse_mla as tsm
 from dsactl.verify.rules import check
 from dsactl.workloads import Workload, make_inputs, suite
@@ -213,7 +213,8 @@ def test_kernel_under_interpreter():
 def test_torch_baseline_matches_reference(suffix):
     definition = _definition(16, 128, suffix)
     inputs = _inputs(definition, 4, 4, "cpu", seed=3, pattern="scattered", valid=(0, 1, 64, 128))
-    entry = solution._entry(torch_baseline.sparse_mla_attention, "torch_sparse_attention", **_flags(suffix))
+    entry = entries.make_entry(torch_baseline.sparse_mla_attention, "torch_sparse_attention",
+                               entries.Variant(**_flags(suffix)))
     outputs = _run(entry, definition, inputs)
     _assert_matches_reference(definition, inputs, outputs)
 
@@ -228,6 +229,8 @@ def test_every_variant_has_an_entry_with_its_signature():
         definition = get(_definition(64, 2048, suffix))
         entry = getattr(solution, "sparse_attention" + suffix)
         assert list(inspect.signature(entry).parameters) == definition.signature
+        triton_only = getattr(triton_entries, "sparse_attention" + suffix)
+        assert list(inspect.signature(triton_only).parameters) == definition.signature
         served = [s for s in solutions.for_definition(definition.name) if s.language == "triton"]
         assert [s.entry for s in served] == [f"dsactl.kernels.attention.solution:sparse_attention{suffix}"]
         assert served[0].load() is entry

@@ -45,7 +45,8 @@ def indexer_passthrough_kernel(seq_lens_ptr, block_table_ptr, out_ptr, bt_stride
 def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, next_n: int) -> None:
     """Write the structural top-k of every row (module docstring); one launch, no host sync."""
     if out.dtype != torch.int32 or out.dim() != 2 or not out.is_contiguous():
-        raise KernelInputError(f"passthrough output must be contiguous int32 [rows, topk], got {out.dtype} {list(out.shape)}")
+        raise KernelInputError(f"passthrough output must be contiguous int32 [rows, topk], "
+                               f"got {out.dtype} {list(out.shape)}")
     rows, topk = out.shape
     batch = seq_lens.shape[0]
     if rows != batch * next_n:

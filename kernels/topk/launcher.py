@@ -51,7 +51,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dsa_topk_error_string.argtypes = [ctypes.c_int]
     lib.dsa_topk_max_topk.restype = ctypes.c_int
     if lib.dsa_topk_max_topk() != MAX_TOPK:
-        raise KernelBuildError(f"lib{LIBRARY}.so was built with a different top-k limit: rebuild it with `dsactl build`")
+        raise KernelBuildError(f"lib{LIBRARY}.so was built with a different top-k limit: "
+                               "rebuild it with `dsactl build`")
     lib.dsa_topk_launch_plan.restype = ctypes.c_int
     lib.dsa_topk_launch_plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,  # dtype, rows, max_len
                                          ctypes.POINTER(ctypes.c_int)]  # out: 0 (row kernel) or cluster size
