@@ -370,8 +370,8 @@ def test_shipped_cuda_builds_for_sm90a_and_sm100a_without_spills(tmp_path, monke
 
 # Configurations that spill when built with Triton >= 3.7 (CI has 3.9), with the stride
 # hints the JIT applies (":16" in their signatures): the 64-head tile's [64, 512] fp32
-# accumulator alone is 128 registers per thread at 8 warps. Triton 3.6 (the H200 image)
-# builds them without spills for bf16. Tracked in the attention issue; listed exactly, so a
+# accumulator alone is 128 registers per thread at 8 warps. Triton 3.6 (the GPU machine's)
+# builds them without spills for bf16. Listed exactly, so a
 # new spill fails here, and so does a fix that forgets to shrink this list.
 KNOWN_TRITON_SPILLS = {
     "sm90a": {"sparse_mla_h64_bf16kv", "sparse_mla_h128_bf16kv", "sparse_mla_h64_fp8kv", "sparse_mla_h128_fp8kv"},

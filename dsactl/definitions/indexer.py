@@ -1,6 +1,6 @@
 """dsa_topk_indexer: FP8 lightning indexer scores + top-k + page-table translation.
 
-Contest contract (DESIGN.md section 2): dsa_topk_indexer_fp8_h64_d128_topk2048_ps64.
+Contest contract (docs/design.md, Contracts): dsa_topk_indexer_fp8_h64_d128_topk2048_ps64.
 Variants: heads {32, 64}, topk {512, 1024, 2048}, next_n 1-4 query tokens per
 request (name suffix `_nextnN`; q, weights and the output gain a next_n axis and
 token j of n sees seq_len - n + j + 1 tokens).

@@ -151,14 +151,14 @@ NUM_STAGES = 3
 # 64 x 131072: 317 us against 439 us).
 PROGRAMS_PER_SM = 4
 # Fewest steps per program. One: short rows are latency-bound, and more programs of one step
-# each beat fewer of two (H200, scoring alone, CUPTI, cold L2, profiles/h200/indexer/sweep.csv:
+# each beat fewer of two (H200, scoring alone, CUPTI, cold L2:
 # 1 x 4096 2.50 us against 3.23 at two; contest-indexer-080 2.62 against 3.30; within 1% on
 # every long shape). A one-step program kernel with every load issued up front (no loop) was
 # slower than this on every short shape measured (e.g. 1 x 4096 2.66 us, contest-indexer-100
 # 4.51 against 3.20), so one kernel serves every shape.
 MIN_STEPS_PER_PROGRAM = 1
 # Large calls (batch x max_len keys at least LARGE_KEYS) are pure streaming: a deeper pipeline
-# with fewer programs per SM keeps more bytes in flight per program. Measured (sweep.csv):
+# with fewer programs per SM keeps more bytes in flight per program. Measured (H200):
 # 64 x 32768 75.6 us against 81.4, 64 x 131072 286 against 310, 128 x 131072 562 against 609;
 # but slower below (8 x 32768 12.5 against 11.2, 1 x 131072 7.7 against 6.8).
 LARGE_KEYS = 64 * 32768

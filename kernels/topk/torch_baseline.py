@@ -1,6 +1,6 @@
 """Vectorized PyTorch top-k + page-table translation: bench's torch baseline.
 
-Contract: dsa_topk_page_transform_topk{K}_ps64[_bf16] (dsactl/definitions/topk.py).
+Contract: dsa_topk_page_transform_topk{K}_ps64[_bf16] (docs/design.md, Contracts).
 scores [num_rows, max_len] fp32/bf16, lengths/row_to_batch [num_rows] int32,
 block_table [batch, max_num_pages] int32 -> topk_indices [num_rows, K] int32:
 physical ids of the top min(K, length) valid scores, -1 padded.
