@@ -13,6 +13,8 @@ from fnmatch import fnmatch
 from typing import Callable
 
 from dsactl.errors import DsactlError
+from dsactl.kernels.attention import dispatch
+from dsactl.kernels.errors import KernelError
 
 
 @dataclass(frozen=True)
@@ -26,9 +28,16 @@ class Solution:
     cuda_libs: tuple[str, ...] = ()  # libraries from `dsactl build` that it loads
     baseline: bool = False  # a comparison point (bench), not a shipped kernel
     capability: tuple[int, int] | None = None  # the one compute capability it runs on (arch-specific code)
+    # (definition pattern, entry): for a matching definition, an entry that serves it with fewer files,
+    # which a bundle of that definition ships instead of `entry`; the first match wins.
+    pack_entries: tuple[tuple[str, str], ...] = ()
 
     def serves(self, definition: str) -> bool:
         return any(fnmatch(definition, p) for p in self.definitions)
+
+    def entry_for(self, definition: str) -> str:
+        """The entry a bundle of definition ships."""
+        return next((entry for pattern, entry in self.pack_entries if fnmatch(definition, pattern)), self.entry)
 
     def load(self) -> Callable:
         module, _, func = self.entry.partition(":")
@@ -47,12 +56,12 @@ class Solution:
             have = "{}.{}".format(*torch.cuda.get_device_capability())
             return False, f"runs on compute capability {self.capability[0]}.{self.capability[1]} only (this GPU: {have})"
         if self.cuda_libs:
-            from dsactl.build.runtime import load_library
+            from dsactl.kernels.cuda_library import load_library
 
             for lib in self.cuda_libs:
                 try:
                     load_library(lib)
-                except DsactlError as e:
+                except KernelError as e:
                     return False, str(e)
         return True, "ok"
 
@@ -60,8 +69,21 @@ class Solution:
 # Name suffixes of the sparse attention variants (dsactl/definitions/attention.py); each has its entry.
 ATTENTION_VARIANTS = tuple(kv + lse + tl + sink for kv in ("", "_fp8kv") for lse in ("", "_lsee")
                            for tl in ("", "_topklen") for sink in ("", "_sink"))
-# The variants the Hopper kernel serves (kernels/attention/hopper_mla.py: no topk_length, no sink).
+# The variants the Hopper kernel serves (kernels/attention/dispatch.py: no topk_length, no sink).
 HOPPER_ATTENTION_VARIANTS = ("", "_lsee", "_fp8kv", "_fp8kv_lsee")
+ATTENTION_HEADS = (16, 32, 64, 128)
+ATTENTION_NAME = "dsa_sparse_attention_h{heads}_ckv512_kpe64_topk*_ps64{variant}"
+
+
+def _triton_only_entries(variant: str) -> tuple[tuple[str, str], ...]:
+    """The definitions of an attention variant that the dispatch never sends to the Hopper kernel,
+    each with the Triton-only entry, so that their bundles carry no CUDA."""
+    entry = f"dsactl.kernels.attention.triton_entries:sparse_attention{variant}"
+    if variant not in HOPPER_ATTENTION_VARIANTS:
+        return ((ATTENTION_NAME.format(heads="*", variant=variant), entry),)
+    return tuple((ATTENTION_NAME.format(heads=h, variant=variant), entry)
+                 for h in ATTENTION_HEADS if h not in dispatch.HOPPER_HEADS)
+
 
 SOLUTIONS: list[Solution] = [
     Solution("dsactl-indexer", ("dsa_topk_indexer_fp8_*",), "triton",
@@ -82,7 +104,8 @@ SOLUTIONS: list[Solution] = [
                "triton", f"dsactl.kernels.attention.solution:sparse_attention{v}",
                ("the Hopper CUDA kernel on sm_90 at 64/128 heads, else " if v in HOPPER_ATTENTION_VARIANTS else "")
                + "sparse MLA in Triton: 16-64 heads per program, split-KV sized to fill the SMs, exact fp32 combine"
-               + (", FP8 KV dequantized in-kernel" if "fp8kv" in v else ""))
+               + (", FP8 KV dequantized in-kernel" if "fp8kv" in v else ""),
+               pack_entries=_triton_only_entries(v))
       for v in ATTENTION_VARIANTS),
     *(Solution(f"dsactl-attention-hopper{v.replace('_', '-')}",
                tuple(f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk*_ps64{v}" for h in (64, 128)),
@@ -93,7 +116,7 @@ SOLUTIONS: list[Solution] = [
                cuda_libs=("hopper_mla",), capability=(9, 0))
       for v in HOPPER_ATTENTION_VARIANTS),
     *(Solution(f"torch-attention{v.replace('_', '-')}", (f"dsa_sparse_attention_h*_ckv512_kpe64_topk*_ps64{v}",),
-               "python", f"dsactl.kernels.attention.solution:torch_sparse_attention{v}",
+               "python", f"dsactl.kernels.attention.torch_baseline:torch_sparse_attention{v}",
                "vectorized PyTorch: gather, einsum, masked softmax", needs_gpu=False, baseline=True)
       for v in ("", "_fp8kv")),
 ]

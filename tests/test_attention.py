@@ -19,9 +19,9 @@ import torch
 
 from dsactl import solutions
 from dsactl.definitions import get
-from dsactl.errors import DsactlError
+from dsactl.kernels.errors import KernelError
 from dsactl.harness import poison
-from dsactl.kernels.attention import solution, torch_baseline
+from dsactl.kernels.attention import entries, solution, torch_baseline, triton_entries
 from dsactl.kernels.attention import triton_sparse_mla as tsm
 from dsactl.verify.rules import check
 from dsactl.workloads import Workload, make_inputs, suite
@@ -213,7 +213,8 @@ def test_kernel_under_interpreter():
 def test_torch_baseline_matches_reference(suffix):
     definition = _definition(16, 128, suffix)
     inputs = _inputs(definition, 4, 4, "cpu", seed=3, pattern="scattered", valid=(0, 1, 64, 128))
-    entry = solution._entry(torch_baseline.sparse_mla_attention, "torch_sparse_attention", **_flags(suffix))
+    entry = entries.make_entry(torch_baseline.sparse_mla_attention, "torch_sparse_attention",
+                               entries.Variant(**_flags(suffix)))
     outputs = _run(entry, definition, inputs)
     _assert_matches_reference(definition, inputs, outputs)
 
@@ -228,6 +229,8 @@ def test_every_variant_has_an_entry_with_its_signature():
         definition = get(_definition(64, 2048, suffix))
         entry = getattr(solution, "sparse_attention" + suffix)
         assert list(inspect.signature(entry).parameters) == definition.signature
+        triton_only = getattr(triton_entries, "sparse_attention" + suffix)
+        assert list(inspect.signature(triton_only).parameters) == definition.signature
         served = [s for s in solutions.for_definition(definition.name) if s.language == "triton"]
         assert [s.entry for s in served] == [f"dsactl.kernels.attention.solution:sparse_attention{suffix}"]
         assert served[0].load() is entry
@@ -277,7 +280,7 @@ def test_rows_longer_than_a_split_holds_take_more_splits_or_are_refused():
         for num_tokens in (1, 8, 128, 1024):
             splits = tsm.num_splits_for(num_tokens, 128, topk, cfg, sms)
             assert splits >= fewest and tsm.row_pad(topk, splits, cfg) <= tsm.ROW_IDS_MAX
-    with pytest.raises(DsactlError, match="topk 4096 in 1 splits leaves 4096 positions a split, over the 2048 "
+    with pytest.raises(KernelError, match="topk 4096 in 1 splits leaves 4096 positions a split, over the 2048 "
                                           "a split holds: use at least 2 splits"):
         tsm.row_pad(4096, 1, cfg)
     definition = _definition(16, 128)
@@ -285,7 +288,7 @@ def test_rows_longer_than_a_split_holds_take_more_splits_or_are_refused():
     long_rows = torch.arange(4096, dtype=torch.int32)[None]
     d = get(definition)
     outputs = d.allocate_outputs(d.check_inputs(inputs), "cpu")
-    with pytest.raises(DsactlError, match="use at least 2 splits"):
+    with pytest.raises(KernelError, match="use at least 2 splits"):
         tsm.sparse_mla_attention(**{**inputs, **outputs, "sparse_indices": long_rows}, num_splits=1)
 
 
@@ -344,7 +347,7 @@ def test_launcher_rejects_malformed_inputs():
         "lse has shape": {"lse": outputs["lse"][:1]},
     }
     for message, change in bad_cases.items():
-        with pytest.raises(DsactlError, match=message):
+        with pytest.raises(KernelError, match=message):
             tsm.sparse_mla_attention(**{**base, **change})
 
 

@@ -14,7 +14,6 @@ import math
 import re
 import shutil
 import subprocess
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -23,13 +22,14 @@ import torch
 
 from dsactl.build import arch as arch_table
 from dsactl.build import cuda as build_cuda
-from dsactl.build import cuobjdump, runtime, sources
+from dsactl.build import cuobjdump
 from dsactl.build.pipeline import build_arch
 from dsactl import fp8
 from dsactl.definitions import get
-from dsactl.errors import DsactlError
+from dsactl.kernels.errors import KernelError
 from dsactl.harness import poison
-from dsactl.kernels.attention import hopper_mla
+from dsactl.kernels import cuda_library
+from dsactl.kernels.attention import dispatch, hopper_mla
 from dsactl.verify.rules import check
 from dsactl.workloads import Workload, make_inputs
 
@@ -82,9 +82,9 @@ def _assert_matches_reference(definition: str, inputs: dict, outputs: dict) -> N
 def builds(tmp_path_factory):
     """hopper_mla built for sm90a and sm100a into a private build root: {arch: (rows, arch_dir)}."""
     root = tmp_path_factory.mktemp("build")
-    source = sources.find_cuda(hopper_mla.LIBRARY)
+    source = cuda_library.find(hopper_mla.LIBRARY)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(runtime.BUILD_DIR_ENV, str(root))
+        mp.setenv(cuda_library.BUILD_DIR_ENV, str(root))
         archs = [a for a in arch_table.ARCHES if a.name in ("sm90a", "sm100a")]
         with ThreadPoolExecutor(2) as pool:  # one nvcc per arch, side by side
             done = list(pool.map(lambda a: build_arch(a, cuda_sources=[source], triton_configs=[], jobs=1,
@@ -105,7 +105,7 @@ def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds
         assert (row.spill_stores, row.spill_loads, row.stack_frame, row.local) == (0, 0, 0, 0), row
         # __launch_bounds__(384, 1): the entry register count is the file's 65536 / 384, rounded down to 8.
         assert row.registers == 168, row
-    log = build_cuda.log_path(arch_dir, sources.find_cuda(hopper_mla.LIBRARY)).read_text()
+    log = build_cuda.log_path(arch_dir, cuda_library.find(hopper_mla.LIBRARY)).read_text()
     assert not [r for r in PTXAS_PERF_REMARKS if r in log], log
     assert "warning" not in log, log
     sass = subprocess.run([str(cuobjdump.cuobjdump_path()), "-sass", str(arch_dir / "libhopper_mla.so")],
@@ -127,7 +127,7 @@ def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds
 def test_builds_for_sm100a_with_a_trapping_body(builds):
     rows, arch_dir = builds["sm100a"]
     assert len(rows) == 4 and all(not r.spills and r.local == 0 for r in rows)
-    assert "warning" not in build_cuda.log_path(arch_dir, sources.find_cuda(hopper_mla.LIBRARY)).read_text()
+    assert "warning" not in build_cuda.log_path(arch_dir, cuda_library.find(hopper_mla.LIBRARY)).read_text()
     sass = subprocess.run([str(cuobjdump.cuobjdump_path()), "-sass", str(arch_dir / "libhopper_mla.so")],
                           capture_output=True, text=True, check=True).stdout
     assert "GMMA" not in sass and "BPT.TRAP" in sass
@@ -196,16 +196,16 @@ def test_launcher_rejects_malformed_inputs_with_clear_messages():
         "output must be torch.bfloat16": {"output": outputs["output"].float()},
     }
     for message, change in bad_cases.items():
-        with pytest.raises(DsactlError, match=message):
+        with pytest.raises(KernelError, match=message):
             _cpu_call(definition, change)
-    with pytest.raises(DsactlError, match="pass either kv_cache"):
+    with pytest.raises(KernelError, match="pass either kv_cache"):
         _cpu_call(definition, {}, kv_cache=torch.zeros(4, 64, 656, dtype=torch.int8))
-    with pytest.raises(DsactlError, match="topk_length .* use the Triton kernel"):
+    with pytest.raises(KernelError, match="topk_length .* use the Triton kernel"):
         _cpu_call(definition, {}, topk_length=torch.zeros(2, dtype=torch.int32))
-    with pytest.raises(DsactlError, match="attn_sink .* use the Triton kernel"):
+    with pytest.raises(KernelError, match="attn_sink .* use the Triton kernel"):
         _cpu_call(definition, {}, attn_sink=torch.zeros(64))
     fp8 = _definition(128, 64, "_fp8kv")
-    with pytest.raises(DsactlError, match="kv_cache must be contiguous"):
+    with pytest.raises(KernelError, match="kv_cache must be contiguous"):
         _cpu_call(fp8, {"kv_cache": _inputs(fp8, 2, 40, "cpu")["kv_cache"].transpose(0, 1)})
 
 
@@ -219,7 +219,7 @@ def test_valid_cpu_inputs_pass_every_check_then_need_a_gpu():
                                        inputs.get("kpe_cache"), inputs.get("kv_cache"), None, None) == (
             2, 128, 192, "fp8kv" in suffix)
         named = {**inputs, **outputs}
-        with pytest.raises(DsactlError, match="needs CUDA tensors"):
+        with pytest.raises(KernelError, match="needs CUDA tensors"):
             hopper_mla.sparse_mla_attention(**{name: named[name] for name in get(definition).signature})
         assert bool(outputs["output"].isnan().all())  # refused before anything was written
 
@@ -228,7 +228,7 @@ def test_any_gpu_but_sm90_is_refused(monkeypatch):
     for capability in ((8, 0), (8, 9), (10, 0), (10, 3), (12, 0)):
         monkeypatch.setattr(hopper_mla, "_device_capability", lambda device, c=capability: c)
         expected = rf"compute capability 9\.0 .*this GPU is {capability[0]}\.{capability[1]}"
-        with pytest.raises(DsactlError, match=expected):
+        with pytest.raises(KernelError, match=expected):
             hopper_mla.check_arch(torch.device("cuda", 0))
     monkeypatch.setattr(hopper_mla, "_device_capability", lambda device: (9, 0))
     hopper_mla.check_arch(torch.device("cuda", 0))
@@ -325,7 +325,7 @@ def _emulate_split_partials(inputs: dict, mma_dtype: torch.dtype, splits: int, p
 
 @pytest.mark.parametrize("suffix", ["_fp8kv", "_fp8kv_lsee"])
 @pytest.mark.parametrize("splits", [4, 16])
-def test_bf16_partials_keep_the_contest_tolerance(suffix, splits):
+def test_model_bf16_partials_keep_the_contest_tolerance(suffix, splits):
     """Why the kernel may store its split partials in bf16: its numerics with bf16 partials pass the
     contest tolerance on the rows that show the FP8 path's rounding (1 to 3 valid tokens beside full
     rows)."""
@@ -381,7 +381,7 @@ def _check_past_fp16(definition: str, base: dict, inputs: dict, factor: float, o
 
 
 @pytest.mark.parametrize("scaled", ["q", "kv", "both"])
-def test_fp8_values_past_the_fp16_range_need_the_kernels_shifts(scaled):
+def test_model_fp8_values_past_the_fp16_range_need_the_kernels_shifts(scaled):
     """The kernel's power-of-two shifts (hopper_mla.cu, top) keep q and tokens past 65504 exact: its
     numerics emulated with them pass the contest tolerance, without them fp16 overflows."""
     definition = _definition(64, 512, "_fp8kv")
@@ -393,7 +393,7 @@ def test_fp8_values_past_the_fp16_range_need_the_kernels_shifts(scaled):
 
 
 @pytest.mark.parametrize("suffix", ["_fp8kv", "_fp8kv_lsee"])
-def test_fp8_path_needs_fp16_mmas_not_bf16(suffix):
+def test_model_fp8_path_needs_fp16_mmas_not_bf16(suffix):
     """Why the FP8 path multiplies in fp16 (hopper_mla.cu): dequantized values rounded to bf16
     fail the contest tolerance on these inputs (rows of 1 to 3 valid tokens show it), fp16 passes."""
     definition = _definition(128, 2048, suffix)
@@ -576,42 +576,54 @@ def test_gpu_fp8_values_past_the_fp16_range_stay_exact(heads, scaled):
         _check_past_fp16(definition, base, inputs, factor, outputs)
 
 
-@pytest.mark.parametrize("runs_here", [True, False])
-def test_dispatch_sends_served_shapes_to_the_hopper_kernel(monkeypatch, runs_here):
-    """solution.implementation_for: the Hopper kernel for 64/128 heads without topk_length or sink
-    on aligned views when it runs here (sm_90, library built); the Triton kernel for the rest."""
-    from dsactl.kernels.attention import solution, triton_sparse_mla
+def test_dispatch_reads_the_facts_of_a_call_from_its_tensors(monkeypatch):
+    """solution.implementation_for: off a GPU every call is the Triton kernel's; on one, the Hopper
+    kernel's limits decide with the heads and variant (fits: an unaligned view is the Triton kernel's)."""
+    from dsactl.kernels.attention import solution
 
-    monkeypatch.setattr(hopper_mla, "runs_on", lambda device: runs_here)
-
-    def chosen(heads: int, suffix: str = "", change: dict | None = None) -> str:
+    def named(heads: int, suffix: str = "") -> dict:
         definition = _definition(heads, 128, suffix)
         inputs = _inputs(definition, 2, 8, "cpu", pattern="scattered", valid=(100, 3))
-        named = {**inputs, **_outputs(definition, inputs), **(change or {})}
-        impl = solution.implementation_for(**{k: v for k, v in named.items() if k != "sm_scale"})
-        return {hopper_mla.sparse_mla_attention: "hopper", triton_sparse_mla.sparse_mla_attention: "triton"}[impl]
+        return {k: v for k, v in {**inputs, **_outputs(definition, inputs)}.items() if k != "sm_scale"}
 
-    hopper = "hopper" if runs_here else "triton"
-    assert [chosen(h) for h in (16, 32, 64, 128)] == ["triton", "triton", hopper, hopper]
-    assert chosen(128, "_fp8kv_lsee") == hopper
-    assert chosen(64, "_topklen") == chosen(64, "_sink") == chosen(128, "_fp8kv_topklen_sink") == "triton"
-    q = torch.randn(2, 64, 513).bfloat16()
-    assert chosen(64, change={"q_nope": q[..., 1:]}) == "triton"  # a view the Hopper kernel refuses
+    assert {solution.implementation_for(**named(h)) for h in (16, 32, 64, 128)} == {dispatch.TRITON}
+    call = named(64)
+    assert hopper_mla.fits(call["q_nope"], call["q_pe"], call["sparse_indices"], call["output"],
+                           call["ckv_cache"], call["kpe_cache"])
+    q = torch.randn(2, 64, 513).bfloat16()[..., 1:]
+    assert not hopper_mla.fits(q, call["q_pe"], call["sparse_indices"], call["output"],
+                               call["ckv_cache"], call["kpe_cache"])
+    assert solution.implementation_for(**call, implementation="hopper") == dispatch.HOPPER
+    monkeypatch.setenv(dispatch.ATTENTION_KERNEL_ENV, "hopper")
+    assert solution.implementation_for(**call) == dispatch.HOPPER
 
 
-def test_an_sm90_gpu_without_the_build_warns_once_and_falls_back(monkeypatch):
+def test_dispatch_is_a_pure_function_of_the_call():
+    served = dict(topk_length=False, sink=False, within_hopper_limits=True)
+    assert dispatch.implementation_for(64, (9, 0), **served) == dispatch.HOPPER
+    assert dispatch.implementation_for(128, (9, 0), **served, requested="triton") == dispatch.TRITON
+    assert dispatch.implementation_for(16, (9, 0), **served) == dispatch.TRITON
+    assert dispatch.implementation_for(64, None, **served) == dispatch.TRITON
+    assert dispatch.implementation_for(64, (9, 0), **{**served, "within_hopper_limits": False}) == dispatch.TRITON
+    assert dispatch.implementation_for(64, (9, 0), **{**served, "sink": True}) == dispatch.TRITON
+    with pytest.raises(KernelError, match="unknown implementation 'cutlass'"):
+        dispatch.implementation_for(64, (9, 0), **served, requested="cutlass")
+    assert {row.implementation for row in dispatch.TABLE} == set(dispatch.IMPLEMENTATIONS)
+
+
+def test_an_sm90_gpu_without_the_build_is_an_error_naming_the_build(monkeypatch):
+    """No silent fallback: where the Hopper kernel serves the call, a missing library is an error that
+    names the build to run and how to ask for the Triton kernel instead."""
+    from dsactl.kernels.attention import solution
+    from dsactl.kernels.errors import KernelBuildError
+
     def missing():
-        raise DsactlError("libhopper_mla.so is not built: run `dsactl build --arch sm90a`")
+        raise KernelBuildError("no build of hopper_mla for sm90a: run `dsactl build --arch sm90a`")
 
-    monkeypatch.setattr(hopper_mla, "_device_capability", lambda device: (9, 0))
-    monkeypatch.setattr(hopper_mla, "_library", missing)
-    hopper_mla._warn_not_used.cache_clear()
-    with pytest.warns(RuntimeWarning, match=r"not used on this sm_90 GPU .*dsactl build --arch sm90a"):
-        assert not hopper_mla.runs_on(torch.device("cuda"))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert not hopper_mla.runs_on(torch.device("cuda"))  # said once
-    monkeypatch.setattr(hopper_mla, "_device_capability", lambda device: (10, 0))
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        assert not hopper_mla.runs_on(torch.device("cuda"))  # another arch: nothing to say
+    monkeypatch.setattr(solution, "implementation_for", lambda *args, **kwargs: dispatch.HOPPER)
+    monkeypatch.setattr(hopper_mla, "library", missing)
+    definition = _definition(64, 128)
+    inputs = _inputs(definition, 2, 8, "cpu", pattern="scattered", valid=(100, 3))
+    named = {**inputs, **_outputs(definition, inputs)}
+    with pytest.raises(KernelBuildError, match=r"dsactl build --arch sm90a.*DSA_ATTENTION_KERNEL=triton"):
+        solution.sparse_attention(**named)

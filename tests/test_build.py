@@ -15,7 +15,9 @@ import pytest
 from typer.testing import CliRunner
 
 from dsactl.build import arch as arch_table
-from dsactl.build import cuobjdump, ptxas, runtime, sources, triton_aot
+from dsactl.build import cuobjdump, ptxas, triton_aot
+from dsactl.kernels import cuda_library as runtime
+from dsactl.kernels.errors import KernelBuildError
 from dsactl.build.cuda import split_kernel_name
 from dsactl.build.pipeline import build_arch
 from dsactl.build.report import gate_failures
@@ -171,7 +173,7 @@ def spill_tree(tmp_path, monkeypatch):
     kernels = tmp_path / "kernels"
     (kernels / "fixture").mkdir(parents=True)
     shutil.copy(SPILL_FIXTURE, kernels / "fixture" / "spill_kernel.cu")
-    monkeypatch.setattr(sources, "kernels_dir", lambda: kernels)
+    monkeypatch.setattr(runtime, "kernels_root", lambda: kernels)
     monkeypatch.setenv(runtime.BUILD_DIR_ENV, str(tmp_path / "build"))
     return kernels
 
@@ -182,14 +184,14 @@ def _arch(name: str) -> arch_table.Arch:
 
 
 def _build(arch_name: str):
-    return build_arch(_arch(arch_name), cuda_sources=sources.discover_cuda(), triton_configs=[], jobs=2,
+    return build_arch(_arch(arch_name), cuda_sources=runtime.discover(), triton_configs=[], jobs=2,
                       on_progress=lambda *event: None)
 
 
 @needs_nvcc
 def test_spill_fixture_gates_report_incremental_and_loading(spill_tree, tmp_path, monkeypatch):
     monkeypatch.setattr(triton_aot, "discover", lambda: [])
-    with pytest.raises(DsactlError, match=r"^no build of spill_kernel for sm90a: run `dsactl build --arch sm90a`$"):
+    with pytest.raises(KernelBuildError, match=r"^no build of spill_kernel for sm90a: run `dsactl build --arch sm90a`$"):
         runtime.load_library("spill_kernel", arch="sm90a")
 
     runner = CliRunner()
@@ -219,13 +221,13 @@ def test_spill_fixture_gates_report_incremental_and_loading(spill_tree, tmp_path
     assert hasattr(library, "spill_fixture_reverse")
     # A header in the source's folder is a dependency: adding one makes the build stale.
     (spill_tree / "fixture" / "tuning.cuh").write_text("#pragma once\n")
-    with pytest.raises(DsactlError, match=r"build of spill_kernel is stale .*: run `dsactl build --arch sm90a`$"):
+    with pytest.raises(KernelBuildError, match=r"build of spill_kernel is stale .*: run `dsactl build --arch sm90a`$"):
         runtime.library_path("spill_kernel", "sm90a")
 
 
 @needs_nvcc
 def test_nothing_to_build_is_not_an_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(sources, "kernels_dir", lambda: tmp_path)
+    monkeypatch.setattr(runtime, "kernels_root", lambda: tmp_path)
     monkeypatch.setattr(triton_aot, "discover", lambda: [])
     monkeypatch.setenv(runtime.BUILD_DIR_ENV, str(tmp_path / "build"))
     result = CliRunner().invoke(app, ["build", "--arch", "sm100a"])
@@ -235,7 +237,7 @@ def test_nothing_to_build_is_not_an_error(tmp_path, monkeypatch):
 
 
 def test_load_library_names_known_libraries_for_an_unknown_name(spill_tree):
-    with pytest.raises(DsactlError, match=r"no CUDA source kernels/<stage>/nope\.cu \(CUDA libraries: spill_kernel\)"):
+    with pytest.raises(KernelBuildError, match=r"no CUDA source kernels/<stage>/nope\.cu \(CUDA libraries here: spill_kernel\)"):
         runtime.load_library("nope", arch="sm90a")
 
 
@@ -243,7 +245,20 @@ def test_build_root_honours_the_environment(monkeypatch, tmp_path):
     monkeypatch.setenv(runtime.BUILD_DIR_ENV, str(tmp_path))
     assert runtime.arch_dir("sm100a") == tmp_path / "sm100a"
     monkeypatch.delenv(runtime.BUILD_DIR_ENV)
-    assert runtime.build_root() == Path(runtime.__file__).resolve().parents[2] / "build"
+    assert runtime.build_root() == Path(runtime.__file__).resolve().parents[1] / "build"  # the checkout's
+
+
+def test_a_plain_copy_of_the_kernels_builds_its_own_libraries(monkeypatch, tmp_path):
+    """Outside a checkout or a dsactl installation (a bundle) there is no build root: the loader
+    builds the sources beside it on first use."""
+    monkeypatch.delenv(runtime.BUILD_DIR_ENV, raising=False)
+    copy = tmp_path / "bundle" / "kernels"
+    shutil.copytree(Path(runtime.__file__).resolve().parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    script = ("import sys; sys.path.insert(0, sys.argv[1]); import importlib; "
+              "m = importlib.import_module('kernels.cuda_library'); print(m.build_root())")
+    out = subprocess.run([sys.executable, "-I", "-c", script, str(tmp_path / "bundle")], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.strip() == "None"
 
 
 # --- Triton AOT ---------------------------------------------------------------------------
@@ -339,7 +354,7 @@ def test_bad_aot_specs_are_refused(tmp_path, monkeypatch):
 
 # --- the shipped kernels ------------------------------------------------------------------
 
-SHIPPED_CUDA = sorted(sources.discover_cuda(), key=lambda s: s.name)
+SHIPPED_CUDA = sorted(runtime.discover(), key=lambda s: s.name)
 
 
 @needs_nvcc
@@ -355,8 +370,8 @@ def test_shipped_cuda_builds_for_sm90a_and_sm100a_without_spills(tmp_path, monke
 
 # Configurations that spill when built with Triton >= 3.7 (CI has 3.9), with the stride
 # hints the JIT applies (":16" in their signatures): the 64-head tile's [64, 512] fp32
-# accumulator alone is 128 registers per thread at 8 warps. Triton 3.6 (the H200 image)
-# builds them without spills for bf16. Tracked in the attention issue; listed exactly, so a
+# accumulator alone is 128 registers per thread at 8 warps. Triton 3.6 (the GPU machine's)
+# builds them without spills for bf16. Listed exactly, so a
 # new spill fails here, and so does a fix that forgets to shrink this list.
 KNOWN_TRITON_SPILLS = {
     "sm90a": {"sparse_mla_h64_bf16kv", "sparse_mla_h128_bf16kv", "sparse_mla_h64_fp8kv", "sparse_mla_h128_fp8kv"},

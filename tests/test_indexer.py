@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dsactl.definitions import get
-from dsactl.errors import DsactlError
+from dsactl.kernels.errors import KernelError
 from dsactl.fp8 import PAGE_SIZE, dequantize_index_k
 from dsactl.harness import INT_POISON
 from dsactl.kernels.indexer.passthrough import passthrough
@@ -155,14 +155,14 @@ def test_score_rejects_malformed_inputs():
     scores = torch.empty(1, inputs["block_table"].shape[1] * PAGE_SIZE, device=DEVICE)
     lengths = torch.empty(1, dtype=torch.int32, device=DEVICE)
     args = [inputs[n] for n in ("q_index_fp8", "k_index_cache_fp8", "weights", "seq_lens", "block_table")]
-    with pytest.raises(DsactlError, match="float8_e4m3fn"):
+    with pytest.raises(KernelError, match="float8_e4m3fn"):
         score(args[0].float(), *args[1:], scores, lengths)
-    with pytest.raises(DsactlError, match="heads"):
+    with pytest.raises(KernelError, match="heads"):
         score(args[0][:, :16].contiguous(), *args[1:], scores, lengths)
-    with pytest.raises(DsactlError, match="scores"):
+    with pytest.raises(KernelError, match="scores"):
         score(*args, scores[:, :64], lengths)
     cfg = choose_config(1, 1, 64, scores.shape[1])
-    with pytest.raises(DsactlError, match="does not tile"):
+    with pytest.raises(KernelError, match="does not tile"):
         score(*args, scores, lengths, config=dataclasses.replace(cfg, splits=0))
 
 
@@ -207,7 +207,7 @@ def test_passthrough_is_the_page_mapping(next_n, topk):
 
 def test_passthrough_refuses_rows_longer_than_topk():
     table = torch.zeros(1, 9, dtype=torch.int32, device=DEVICE)
-    with pytest.raises(DsactlError, match="max_num_pages"):
+    with pytest.raises(KernelError, match="max_num_pages"):
         passthrough(torch.ones(1, dtype=torch.int32, device=DEVICE), table,
                     torch.empty(1, 512, dtype=torch.int32, device=DEVICE), 1)
 

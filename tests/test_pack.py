@@ -1,8 +1,9 @@
-"""dsactl pack: closure, bundle, check, unpack, load_bundle, the bundle's CUDA builder, interop."""
+"""dsactl pack: closure, bundle, check, unpack, load_bundle, the kernels' standalone rule, interop."""
 
+import ast
+import dataclasses
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -12,58 +13,58 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-import dsactl.kernels.topk
+import dsactl
 from dsactl import definitions, harness, solutions, workloads
 from dsactl.cli import app
 from dsactl.errors import DsactlError
-from dsactl.pack import jit_runtime
+from dsactl.kernels import cuda_library
+from dsactl.kernels.errors import KernelBuildError
 from dsactl.pack.bundle import build_bundle, pack, project_defaults, read_bundle, write_bundle
 from dsactl.pack.check import MAX_BUNDLE_BYTES, check_bundle
-from dsactl.pack.closure import repo_finder
 from dsactl.pack.loader import load_bundle
-from dsactl.pack.rewrite import relative_name
 from dsactl.pack.unpack import unpack
-from dsactl.solutions import Solution
 
 TOPK = "dsa_topk_page_transform_topk2048_ps64"
 TINY_WORKLOAD = "edge-topk-len65"  # three rows of at most 65 scores: the float32 reference runs in milliseconds
-REF_MODULE = "reference_dps"
-REF_PATH = f"dsactl/kernels/topk/{REF_MODULE}.py"
-# A reference-like solution: the definition's reference in destination-passing style, with
-# every import form pack rewrites (from-import, submodule from a package, import-as, lazy),
-# and one that never runs (TYPE_CHECKING), which must neither ship nor change.
-REF_SOURCE = '''"""Test solution: the top-k reference, in destination-passing style."""
+KERNELS = Path(cuda_library.__file__).resolve().parent
+TOPK_CUDA = ["kernels/topk/topk.cu", "kernels/topk/topk_cluster.cuh", "kernels/topk/topk_common.cuh",
+             "kernels/topk/topk_row.cuh"]
+HOPPER_CUDA = ["kernels/attention/hopper_mla.cu", "kernels/attention/hopper_mla_ptx.cuh"]
+# Every file of each bundle after main.py: the Python it runs (sorted), then the CUDA it builds.
+EXPECTED_FILES = {
+    ("dsactl-indexer", "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"): [
+        "kernels/__init__.py", "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py",
+        "kernels/indexer/passthrough.py", "kernels/indexer/score.py", "kernels/indexer/shapes.py",
+        "kernels/indexer/solution.py", "kernels/topk/launcher.py", *TOPK_CUDA],
+    ("dsactl-topk", TOPK): [
+        "kernels/__init__.py", "kernels/cuda_library.py", "kernels/errors.py", "kernels/topk/launcher.py", *TOPK_CUDA],
+    ("torch-topk", TOPK): ["kernels/__init__.py", "kernels/errors.py", "kernels/fp8.py", "kernels/topk/torch_baseline.py"],
+    # The contest's 16 heads: the Hopper kernel never serves them, so no CUDA and no dispatch.
+    ("dsactl-attention", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"): [
+        "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/triton_entries.py",
+        "kernels/attention/triton_sparse_mla.py", "kernels/errors.py", "kernels/fp8.py"],
+    ("dsactl-attention-fp8kv-topklen", "dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64_fp8kv_topklen"): [
+        "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/triton_entries.py",
+        "kernels/attention/triton_sparse_mla.py", "kernels/errors.py", "kernels/fp8.py"],
+    ("dsactl-attention-fp8kv", "dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64_fp8kv"): [
+        "kernels/__init__.py", "kernels/attention/dispatch.py", "kernels/attention/entries.py",
+        "kernels/attention/hopper_mla.py", "kernels/attention/solution.py", "kernels/attention/triton_sparse_mla.py",
+        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", *HOPPER_CUDA],
+    ("dsactl-attention-hopper", "dsa_sparse_attention_h128_ckv512_kpe64_topk2048_ps64"): [
+        "kernels/__init__.py", "kernels/attention/dispatch.py", "kernels/attention/entries.py",
+        "kernels/attention/hopper_mla.py", "kernels/attention/triton_sparse_mla.py", "kernels/cuda_library.py",
+        "kernels/errors.py", "kernels/fp8.py", *HOPPER_CUDA],
+    ("torch-attention", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"): [
+        "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/torch_baseline.py",
+        "kernels/fp8.py"],
+}
+REF_PATH = "kernels/topk/torch_baseline.py"
+ATTENTION_H16 = "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"
 
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-import dsactl.definitions.base as base
-from dsactl import errors
-
-if TYPE_CHECKING:
-    from dsactl.harness import Call
-
-
-def topk_reference_dps(scores, lengths, block_table, row_to_batch, topk_indices):
-    from dsactl.definitions.topk import reference
-
-    if topk_indices.dtype != base.DTYPES["int32"]:
-        raise errors.DsactlError("topk_indices must be int32")
-    topk_indices.copy_(reference(scores, lengths, block_table, row_to_batch, topk=topk_indices.shape[1]))
-'''
-ABSOLUTE_DSACTL_IMPORT = re.compile(r"^\s*(?:from|import)\s+dsactl\b.*$", re.MULTILINE)
-TYPE_CHECKING_ONLY = "    from dsactl.harness import Call"
-# The kernel folders a stage's solution may ship: the indexer operator ends with the top-k.
-KERNELS_OF_STAGE = {"indexer": ("indexer", "topk"), "topk": ("topk",), "attention": ("attention",)}
-NOT_IN_BUNDLES = ("dsactl/cli/", "dsactl/workloads/", "dsactl/harness.py", "dsactl/solutions.py",
-                  "dsactl/build/runtime.py", "dsactl/pack/bundle.py", "dsactl/pack/check.py")
-
-# Runs in a fresh interpreter (-I: no PYTHONPATH, no user site) where importing the installed
-# dsactl raises: an unpacked bundle must run on its own files.
+# Runs in a fresh interpreter (-I: no PYTHONPATH, no user site) where importing the installed dsactl
+# raises, with only the folder holding the unpacked bundle on sys.path: a bundle runs on its own files.
 ALONE = '''
 import importlib, importlib.abc, sys
-import torch
 
 class NoInstalledDsactl(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
@@ -72,7 +73,8 @@ class NoInstalledDsactl(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, NoInstalledDsactl())
 root, package, *args = sys.argv[1:]
-sys.path.insert(0, root)
+sys.path[:] = [root] + [p for p in sys.path if "site-packages" in p or "lib/python" in p]
+import torch
 '''
 RUN_ALONE = ALONE + '''
 module, func, io = args
@@ -83,29 +85,25 @@ torch.save({"args": call["args"], "modules": sorted(sys.modules)}, io)
 '''
 BUILD_ALONE = ALONE + '''
 arch, *libraries = args
-jit = importlib.import_module(package + ".dsactl.pack.jit_runtime")
+loader = importlib.import_module(package + ".kernels.cuda_library")
+assert loader.build_root() is None
 for library in libraries:
-    jit.load_library(library, arch=arch)
+    loader.load_library(library, arch=arch)
 assert not [m for m in sys.modules if m == "dsactl" or m.startswith("dsactl.")]
 '''
 
 
 def _alone(script, root, package, *args, cwd, env=None):
-    env = {**{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}, **(env or {})}
+    env = {**{k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", cuda_library.BUILD_DIR_ENV)},
+           **(env or {})}
     return subprocess.run([sys.executable, "-I", "-c", script, str(root), package, *map(str, args)],
                           capture_output=True, text=True, cwd=cwd, env=env, timeout=600)
 
 
 @pytest.fixture
-def ref_solution(tmp_path, monkeypatch):
-    """A solution module that lives outside the checkout but inside dsactl.kernels.topk."""
-    folder = tmp_path / "extra_topk"
-    folder.mkdir()
-    (folder / f"{REF_MODULE}.py").write_text(REF_SOURCE)
-    monkeypatch.setattr(dsactl.kernels.topk, "__path__", [*dsactl.kernels.topk.__path__, str(folder)])
-    yield Solution("test-topk-reference", ("dsa_topk_page_transform_*",), "python",
-                   f"dsactl.kernels.topk.{REF_MODULE}:topk_reference_dps", "reference in DPS", needs_gpu=False)
-    sys.modules.pop(f"dsactl.kernels.topk.{REF_MODULE}", None)
+def ref_solution():
+    """A solution that runs on CPU: the vectorized PyTorch top-k, as a shipped (not baseline) solution."""
+    return dataclasses.replace(solutions.get("torch-topk"), name="test-topk-reference", baseline=False)
 
 
 @pytest.fixture
@@ -126,13 +124,6 @@ def _sources(bundle):
     return {s["path"]: s["content"] for s in bundle["sources"]}
 
 
-def test_relative_names():
-    assert relative_name("dsactl.kernels.topk", "dsactl.errors") == "...errors"
-    assert relative_name("dsactl.kernels.topk", "dsactl.kernels.topk.launcher") == ".launcher"
-    assert relative_name("dsactl.kernels.topk", "dsactl") == "..."
-    assert relative_name("dsactl", "dsactl.fp8") == ".fp8"
-
-
 def test_pack_check_unpack_round_trip_is_byte_identical(ref_bundle, tmp_path):
     report = check_bundle(ref_bundle)
     assert report.entry_point == "main.py::run"
@@ -145,38 +136,27 @@ def test_pack_check_unpack_round_trip_is_byte_identical(ref_bundle, tmp_path):
     assert len(written) == len(ref_bundle["sources"])
     for source in ref_bundle["sources"]:
         assert (tmp_path / "out" / source["path"]).read_bytes() == source["content"].encode("utf-8")
-    # a file without dsactl imports ships as it is in the checkout
-    assert _sources(ref_bundle)["dsactl/errors.py"].encode() == Path(repo_finder("dsactl.errors").origin).read_bytes()
 
 
-def test_bundle_imports_are_relative_and_layout_follows_modules(ref_bundle):
+def test_bundle_is_a_plain_copy_of_the_checkout_files(ref_bundle):
     sources = _sources(ref_bundle)
     assert ref_bundle["sources"][0]["path"] == "main.py"  # the entry first
-    assert f"from .dsactl.kernels.topk.{REF_MODULE} import topk_reference_dps as _solution" in sources["main.py"]
+    assert "from .kernels.topk.torch_baseline import topk_page_transform as _solution" in sources["main.py"]
     assert "def run(scores, lengths, block_table, row_to_batch, topk_indices):" in sources["main.py"]
-    absolute = [line for content in sources.values() for line in ABSOLUTE_DSACTL_IMPORT.findall(content)]
-    assert absolute == [TYPE_CHECKING_ONLY]
-    entry = sources[REF_PATH]
-    assert "import dsactl.definitions.base as base" not in entry
-    assert "from ...definitions import base as base" in entry or "from ...definitions import base" in entry
-    assert "from ... import errors" in entry and "    from ...definitions.topk import reference" in entry
-    # every other byte is unchanged
-    assert entry.split("def topk_reference_dps")[1] == REF_SOURCE.split("def topk_reference_dps")[1].replace(
-        "from dsactl.definitions.topk", "from ...definitions.topk")
+    for path, content in sources.items():
+        if path != "main.py":
+            assert content.encode() == (KERNELS.parent / path).read_bytes(), path
 
 
 def test_pack_is_deterministic(ref_solution):
     assert build_bundle(ref_solution, TOPK, "n", "a") == build_bundle(ref_solution, TOPK, "n", "a")
 
 
-def test_closure_ships_what_the_entry_needs_and_nothing_else(ref_bundle):
-    paths = set(_sources(ref_bundle))
-    assert {REF_PATH, "dsactl/errors.py", "dsactl/definitions/base.py", "dsactl/definitions/topk.py",
-            "dsactl/fp8.py"} <= paths
-    kernels = {p for p in paths if p.startswith("dsactl/kernels/")}
-    assert kernels == {REF_PATH}  # no other kernel, not even its own stage's
-    assert not [p for p in paths if p.startswith(NOT_IN_BUNDLES) or p.startswith("dsactl/pack/")]
-    assert "dsactl/definitions/attention.py" in paths  # dsactl.definitions runs it: the package's __init__ imports it
+@pytest.mark.parametrize("solution, definition", list(EXPECTED_FILES), ids=lambda x: x)
+def test_bundle_carries_exactly_the_files_its_entry_runs(solution, definition):
+    bundle = build_bundle(solutions.get(solution), definition, "n", "a")
+    assert [s["path"] for s in bundle["sources"]] == ["main.py", *EXPECTED_FILES[solution, definition]]
+    assert all(f.reached != "not reached" for f in check_bundle(bundle).files)
 
 
 def _served_definition(solution):
@@ -188,18 +168,39 @@ def test_every_registered_solution_packs_self_contained(solution):
     d = _served_definition(solution)
     if d is None:
         pytest.skip(f"{solution.name} serves no listed definition")
-    bundle = build_bundle(solution, d.name, "n", "a")
-    report = check_bundle(bundle)
+    report = check_bundle(build_bundle(solution, d.name, "n", "a"))
     paths = [f.path for f in report.files]
-    stage = next(t for t in d.tags if t.startswith("stage:"))[len("stage:"):]
-    allowed = tuple(f"dsactl/kernels/{s}/" for s in KERNELS_OF_STAGE[stage])
-    assert not [p for p in paths if p.startswith("dsactl/kernels/") and not p.startswith(allowed)]
-    assert not [p for p in paths if p.startswith(NOT_IN_BUNDLES)]
+    assert all(p == "main.py" or p.startswith("kernels/") for p in paths)
     assert all(f.reached != "not reached" for f in report.files)
     cuda = [p for p in paths if p.endswith(".cu")]
-    assert bool(cuda) == ("dsactl/pack/jit_runtime.py" in paths)
+    assert bool(cuda) == ("kernels/cuda_library.py" in paths)
     if solution.language == "cuda":
         assert cuda, "a CUDA solution ships its .cu"
+
+
+def _kernel_modules():
+    return sorted(p for p in KERNELS.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_no_kernel_module_imports_dsactl_or_kernels_absolutely():
+    for path in _kernel_modules():
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) and node.level == 0 else [])
+            for name in names:
+                top = name.partition(".")[0]
+                assert top in ("torch", "triton", "__future__") or top in sys.stdlib_module_names, \
+                    f"{path.relative_to(KERNELS.parent)}:{node.lineno} imports {name}"
+
+
+def test_a_copy_of_the_kernels_folder_imports_alone(tmp_path):
+    shutil.copytree(KERNELS, tmp_path / "kernels", ignore=shutil.ignore_patterns("__pycache__"))
+    modules = [".".join(p.relative_to(KERNELS.parent).with_suffix("").parts).removesuffix(".__init__")
+               for p in _kernel_modules()]
+    script = ALONE + "for name in args: importlib.import_module(name)\n"
+    r = subprocess.run([sys.executable, "-I", "-c", script, str(tmp_path), "kernels", *modules], capture_output=True,
+                       text=True, cwd=tmp_path, env={**os.environ, "TRITON_INTERPRET": "1"}, timeout=600)
+    assert r.returncode == 0, r.stderr
 
 
 def test_unpacked_bundle_runs_alone_and_gives_the_reference_result(ref_bundle, tmp_path):
@@ -212,9 +213,29 @@ def test_unpacked_bundle_runs_alone_and_gives_the_reference_result(ref_bundle, t
     assert r.returncode == 0, r.stderr
     result = torch.load(io)
     assert not [m for m in result["modules"] if m == "dsactl" or m.startswith("dsactl.")]
-    assert f"{package}.dsactl.definitions.topk" in result["modules"]
+    assert f"{package}.kernels.topk.torch_baseline" in result["modules"]
     out = result["args"][call.definition.signature.index("topk_indices")]
     assert torch.equal(out, _expected(call))
+
+
+def test_the_contest_attention_bundle_runs_alone_under_the_interpreter(tmp_path):
+    """The 16-head contest bundle (Triton only) from a folder holding only it, on CPU tensors."""
+    bundle = build_bundle(solutions.get("dsactl-attention"), ATTENTION_H16, "n", "a")
+    unpack(bundle, tmp_path / "root" / "attention_bundle")
+    w = next(w for w in workloads.suite("edge") if w.definition == ATTENTION_H16)
+    call = harness.prepare(w, "cpu", 0)
+    io = tmp_path / "call.pt"
+    torch.save({"args": call.args()}, io)
+    r = _alone(RUN_ALONE, tmp_path / "root", "attention_bundle", "main", "run", io, cwd=tmp_path,
+               env={"TRITON_INTERPRET": "1"})
+    assert r.returncode == 0, r.stderr
+    result = torch.load(io)
+    assert "attention_bundle.kernels.attention.triton_sparse_mla" in result["modules"]
+    assert not [m for m in result["modules"] if m.startswith("attention_bundle.") and ("hopper" in m or "cuda" in m)]
+    outputs = dict(zip(call.definition.signature, result["args"]))
+    expected = call.definition.run_reference(call.inputs)
+    for name in ("output", "lse"):
+        torch.testing.assert_close(outputs[name].float(), expected[name].float(), atol=1e-2, rtol=1e-2)
 
 
 CUDA_SOLUTIONS = [s for s in solutions.SOLUTIONS if s.language == "cuda"]
@@ -227,7 +248,7 @@ def test_unpacked_cuda_bundle_builds_its_libraries_alone(solution, tmp_path):
     libraries = [Path(s["path"]).stem for s in bundle["sources"] if s["path"].endswith(".cu")]
     unpack(bundle, tmp_path / "root" / "cuda_bundle")
     r = _alone(BUILD_ALONE, tmp_path / "root", "cuda_bundle", "sm90a", *libraries, cwd=tmp_path,
-               env={jit_runtime.CACHE_ENV: str(tmp_path / "cache")})
+               env={cuda_library.JIT_CACHE_ENV: str(tmp_path / "cache")})
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "cache" / "sm90a").glob("*/*.so")) == sorted(
         f"lib{lib}.so" for lib in libraries)
@@ -277,12 +298,12 @@ def test_check_rejects_bundles_that_are_not_self_contained(ref_bundle):
     bundle = json.loads(json.dumps(ref_bundle))
     entry = _sources(bundle)[REF_PATH]
     bundle["sources"][[s["path"] for s in bundle["sources"]].index(REF_PATH)]["content"] = entry.replace(
-        "from ... import errors", "from dsactl import errors")
+        "from ..errors import", "from dsactl.errors import")
     with pytest.raises(DsactlError, match="imports the installed dsactl"):
         check_bundle(bundle)
     bundle = json.loads(json.dumps(ref_bundle))
-    bundle["sources"] = [s for s in bundle["sources"] if s["path"] != "dsactl/errors.py"]
-    with pytest.raises(DsactlError, match="imports dsactl.errors, which is not in the bundle"):
+    bundle["sources"] = [s for s in bundle["sources"] if s["path"] != "kernels/errors.py"]
+    with pytest.raises(DsactlError, match="imports kernels.errors, which is not in the bundle"):
         check_bundle(bundle)
     bundle = json.loads(json.dumps(ref_bundle))
     bundle["sources"][0]["content"] += "\nimport pandas\n"
@@ -345,7 +366,7 @@ def test_cli_pack_check_unpack(ref_solution, tmp_path, monkeypatch):
     assert REF_PATH in r.output and "entry point" in r.output
     r = runner.invoke(app, ["pack", "--check", str(out)], env={"COLUMNS": "250"})
     assert r.exit_code == 0, r.output
-    assert "ok" in r.output and "dsactl/definitions/topk.py" in r.output
+    assert "ok" in r.output and "kernels/fp8.py" in r.output
     r = runner.invoke(app, ["unpack", str(out), "-o", str(tmp_path / "src")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "src" / REF_PATH).read_text() == _sources(read_bundle(out))[REF_PATH]
@@ -362,32 +383,33 @@ def tiny_cuda(tmp_path, monkeypatch):
     stage.mkdir(parents=True)
     (stage / "tiny.cu").write_text('#include "tiny.cuh"\n' + TINY_CU)
     (stage / "tiny.cuh").write_text("#define TINY_VALUE 1.0f\n")
-    monkeypatch.setattr(jit_runtime, "kernels_root", lambda: tmp_path / "kernels")
-    monkeypatch.setenv(jit_runtime.CACHE_ENV, str(tmp_path / "cache"))
-    monkeypatch.setattr(jit_runtime, "_loaded", {})
+    monkeypatch.setattr(cuda_library, "kernels_root", lambda: tmp_path / "kernels")
+    monkeypatch.setattr(cuda_library, "build_root", lambda: None)  # as in a bundle
+    monkeypatch.setenv(cuda_library.JIT_CACHE_ENV, str(tmp_path / "cache"))
+    monkeypatch.setattr(cuda_library, "_loaded", {})
     return stage
 
 
-def test_jit_runtime_says_nvcc_is_missing(tiny_cuda, monkeypatch):
+def test_a_bundle_says_nvcc_is_missing(tiny_cuda, monkeypatch):
     monkeypatch.setenv("PATH", str(tiny_cuda))
     for var in ("CUDA_HOME", "CUDA_PATH"):
         monkeypatch.delenv(var, raising=False)
-    with pytest.raises(DsactlError, match="builds its CUDA library tiny with nvcc on first use: nvcc not found"):
-        jit_runtime.load_library("tiny", arch="sm90a")
+    with pytest.raises(KernelBuildError, match="library tiny is built with nvcc on first use here: nvcc not found"):
+        cuda_library.load_library("tiny", arch="sm90a")
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
-def test_jit_runtime_builds_once_per_source_and_arch(tiny_cuda, monkeypatch):
-    lib = jit_runtime.load_library("tiny", arch="sm90a")
+def test_a_bundle_builds_once_per_source_and_arch(tiny_cuda, monkeypatch):
+    lib = cuda_library.load_library("tiny", arch="sm90a")
     assert lib.tiny_answer() == 42
-    built = jit_runtime.build("tiny", "sm90a")
-    assert built.parent.parent == jit_runtime.cache_root() / "sm90a"
+    built = cuda_library.jit_path("tiny", "sm90a")
+    assert built.parent.parent == cuda_library.jit_cache_root() / "sm90a"
 
     def no_nvcc(*args, **kwargs):
         raise AssertionError("rebuilt an unchanged source")
 
-    monkeypatch.setattr(jit_runtime.subprocess, "run", no_nvcc)
-    assert jit_runtime.build("tiny", "sm90a") == built
+    monkeypatch.setattr(cuda_library.subprocess, "run", no_nvcc)
+    assert cuda_library.jit_path("tiny", "sm90a") == built
     (tiny_cuda / "tiny.cuh").write_text("#define TINY_VALUE 2.0f\n")  # a header change is a new build
     with pytest.raises(AssertionError, match="rebuilt"):
-        jit_runtime.build("tiny", "sm90a")
+        cuda_library.jit_path("tiny", "sm90a")

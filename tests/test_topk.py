@@ -14,7 +14,7 @@ import torch
 
 from dsactl.definitions import get
 from dsactl.definitions.topk import rank_key
-from dsactl.errors import DsactlError
+from dsactl.kernels.errors import KernelError
 from dsactl.fp8 import PAGE_SIZE
 from dsactl.harness import INT_POISON
 from dsactl.kernels.topk.launcher import MAX_TOPK, dsa_topk_page_transform, launch_plan, topk_page_transform
@@ -121,7 +121,7 @@ def reference(case: dict, topk: int) -> torch.Tensor:
 # CPU: keys and the model of the algorithm.
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_radix_keys_order_is_the_contract_order(dtype):
+def test_model_radix_keys_order_is_the_contract_order(dtype):
     g = torch.Generator().manual_seed(1)
     special = torch.tensor([float("nan"), float("-inf"), -3.0, -0.0, 0.0, 1e-30, 2.5, float("inf")])
     values = torch.cat([special, torch.randn(2000, generator=g) * 10]).to(dtype)
@@ -133,7 +133,7 @@ def test_radix_keys_order_is_the_contract_order(dtype):
     assert torch.equal(keys[i] == keys[j], ranks[i] == ranks[j])  # -0.0 == +0.0, NaN == NaN
 
 
-def test_levels_cover_every_key_bit_once():
+def test_model_levels_cover_every_key_bit_once():
     for bits, widths in ((32, [11, 11, 10]), (16, [11, 5])):
         lv = levels(bits)
         assert [bin(m).count("1") for _, m in lv] == widths
@@ -212,16 +212,17 @@ def test_kernel_compiles_without_spills(arch, tmp_path):
 
     from dsactl.build import arch as arch_table
     from dsactl.build import ptxas
-    from dsactl.build.cuda import NVCC_FLAGS
-    from dsactl.build.sources import find_cuda
+    from dsactl.build.cuda import PTXAS_REPORT_FLAGS
+    from dsactl.kernels import cuda_library
 
     try:
-        nvcc = arch_table.nvcc_path()
-    except DsactlError as e:
+        nvcc = cuda_library.find_nvcc()
+    except KernelError as e:
         pytest.skip(str(e))
     (target,) = arch_table.resolve(arch)
-    proc = subprocess.run([str(nvcc), "-gencode", target.gencode, *NVCC_FLAGS, "-o", str(tmp_path / "libtopk.so"),
-                           str(find_cuda("topk").path)], capture_output=True, text=True)
+    proc = subprocess.run([str(nvcc), *cuda_library.nvcc_flags(target.name), *PTXAS_REPORT_FLAGS,
+                           "-o", str(tmp_path / "libtopk.so"), str(cuda_library.find("topk").path)],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     kernels = ptxas.parse(proc.stdout + proc.stderr)
     names = " ".join(k.name for k in kernels)
@@ -234,13 +235,13 @@ def test_kernel_compiles_without_spills(arch, tmp_path):
 def test_launcher_rejects_topk_above_the_limit():
     case = make_case([10], torch.float32)
     out = torch.empty(1, 4096, dtype=torch.int32)
-    with pytest.raises(DsactlError, match=f"\\[1, {MAX_TOPK}\\]"):
+    with pytest.raises(KernelError, match=f"\\[1, {MAX_TOPK}\\]"):
         topk_page_transform(case["scores"], case["lengths"], case["block_table"], None, out, 4096)
 
 
 def test_launcher_rejects_cpu_tensors():
     case = make_case([10], torch.float32)
-    with pytest.raises(DsactlError, match="CUDA tensor"):
+    with pytest.raises(KernelError, match="CUDA tensor"):
         topk_page_transform(case["scores"], case["lengths"], case["block_table"], None,
                             torch.empty(1, 16, dtype=torch.int32), 16)
 
@@ -325,7 +326,7 @@ def test_launch_plan(dtype):
     assert all(s in (1, 2, 4, 8) for s in sizes) and sizes == sorted(sizes, reverse=True), sizes
     assert sizes[0] > 1 and sizes[-1] == 1, sizes  # one row spreads over a cluster; many rows, one CTA each
     assert launch_plan(dtype, 1, ROW_MAX_LEN + 1) == 1  # below 2 x kMinChunk a row stays on one CTA
-    with pytest.raises(DsactlError, match="dtype"):
+    with pytest.raises(KernelError, match="dtype"):
         launch_plan(torch.float16, 1, 100)
 
 
@@ -389,9 +390,9 @@ def test_solution_entry_on_edge_workloads(bf16):
 @pytest.mark.gpu
 def test_kernel_rejects_mismatched_shapes():
     case = make_case([100, 100], torch.float32, device="cuda")
-    with pytest.raises(DsactlError, match="out must be"):
+    with pytest.raises(KernelError, match="out must be"):
         topk_page_transform(case["scores"], case["lengths"], case["block_table"], None,
                             torch.empty(2, 64, dtype=torch.int32, device="cuda"), TOPK)
-    with pytest.raises(DsactlError, match="lengths must be int32"):
+    with pytest.raises(KernelError, match="lengths must be int32"):
         topk_page_transform(case["scores"], case["lengths"].long(), case["block_table"], None,
                             torch.empty(2, TOPK, dtype=torch.int32, device="cuda"), TOPK)

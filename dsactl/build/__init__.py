@@ -2,6 +2,6 @@
 
 CUDA sources under kernels/ go through nvcc driven by a generated ninja file,
 Triton kernels that ship configurations are compiled ahead of time, and each
-kernel x configuration gets a resource report. `runtime` is the only part the
-kernels import at run time: it loads the build that matches the current GPU.
+kernel x configuration gets a resource report. The kernels load what it builds
+through their own loader (kernels/cuda_library.py), which never imports dsactl.
 """

@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
 
 from dsactl.errors import DsactlError
+from dsactl.kernels import cuda_library
+from dsactl.kernels.cuda_library import find_nvcc as nvcc_path
 
 ALL = "all"
 # Family-specific targets (compute_100f: every 10.x GPU) first shipped in CUDA 12.9;
@@ -30,7 +29,7 @@ class Arch:
 
     @property
     def gencode(self) -> str:
-        return f"arch=compute_{self.number}{self.suffix},code=sm_{self.number}{self.suffix}"
+        return cuda_library.gencode(self.name)
 
     @property
     def triton_cc(self) -> int:
@@ -50,23 +49,8 @@ ARCHES = (
     Arch("sm100f", (10, 0), "f"),
     Arch("sm120f", (12, 0), "f"),
 )
-# The build a GPU loads at run time: the arch-specific one for its exact capability.
-ARCH_FOR_CAPABILITY = {a.capability: a.name for a in ARCHES if not a.is_family}
-
-
-def nvcc_path() -> Path:
-    found = shutil.which("nvcc") or _cuda_home_nvcc()
-    if found is None:
-        raise DsactlError("nvcc not found on PATH or in $CUDA_HOME/bin: install the CUDA toolkit (13.0)")
-    return Path(found)
-
-
-def _cuda_home_nvcc() -> str | None:
-    for var in ("CUDA_HOME", "CUDA_PATH"):
-        home = os.environ.get(var)
-        if home and (Path(home) / "bin" / "nvcc").is_file():
-            return str(Path(home) / "bin" / "nvcc")
-    return None
+# The build a GPU loads at run time (the kernels' loader decides): the arch-specific one for its capability.
+ARCH_FOR_CAPABILITY = cuda_library.ARCH_FOR_CAPABILITY
 
 
 @lru_cache(maxsize=None)

@@ -1,19 +1,12 @@
-"""build/<arch>/manifest.json: which libraries a build holds and the source fingerprint each was made from."""
+"""build/<arch>/manifest.json: which libraries a build holds and the source fingerprint each was made from
+(the kernels' loader, kernels/cuda_library.py, reads it to refuse a stale build)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-MANIFEST_FILE = "manifest.json"
-
-
-def read(arch_dir: Path) -> dict[str, str]:
-    """library name -> source fingerprint; empty when nothing was built there."""
-    path = arch_dir / MANIFEST_FILE
-    if not path.is_file():
-        return {}
-    return json.loads(path.read_text())["libraries"]
+from dsactl.kernels.cuda_library import MANIFEST_FILE
 
 
 def write(arch_dir: Path, arch: str, libraries: dict[str, str]) -> None:

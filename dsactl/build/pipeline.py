@@ -11,8 +11,8 @@ from typing import Callable
 from dsactl.build import cuda, manifest, report, triton_aot
 from dsactl.build.arch import Arch, nvcc_version
 from dsactl.build.report import ReportRow
-from dsactl.build.runtime import arch_dir as arch_build_dir
-from dsactl.build.sources import CudaSource
+from dsactl.kernels.cuda_library import CudaSource
+from dsactl.kernels.cuda_library import arch_dir as arch_build_dir
 
 # on_progress(kind, label, done, total): kind is "cuda" or "triton"; called from two threads.
 OnProgress = Callable[[str, str, int, int], None]

@@ -9,7 +9,7 @@ import sys
 
 import typer
 
-from dsactl.errors import DsactlError
+from dsactl.errors import USER_ERRORS
 
 app = typer.Typer(
     name="dsactl",
@@ -35,10 +35,10 @@ for _name in COMMAND_MODULES:
 
 def main() -> None:
     # Standalone mode: typer/click handle usage errors (exit 2) and --help;
-    # DsactlError, the one user-facing failure, becomes one line on stderr.
+    # A user-facing failure (DsactlError, or a kernel's KernelError) becomes one line on stderr.
     try:
         app()
-    except DsactlError as e:
+    except USER_ERRORS as e:
         if _state["debug"]:
             raise
         print(f"error: {e}", file=sys.stderr)

@@ -9,13 +9,14 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TaskID, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from dsactl.build import runtime, triton_aot
+from dsactl.build import triton_aot
 from dsactl.build.arch import ALL, ARCHES, resolve
 from dsactl.build.pipeline import ArchBuild, build_arch
 from dsactl.build.report import ReportRow, gate_failures
-from dsactl.build.sources import discover_cuda
 from dsactl.cli.render import console
 from dsactl.errors import DsactlError
+from dsactl.kernels.cuda_library import KernelBuildError, current_arch
+from dsactl.kernels.cuda_library import discover as discover_cuda
 
 COLUMNS = ["unit", "kernel", "configuration", "regs", "smem", "dyn smem", "stack", "local", "spill st/ld",
            "compile s"]
@@ -56,8 +57,8 @@ def register(app: typer.Typer) -> None:
 
 def _this_gpu_arch() -> str:
     try:
-        return runtime.current_arch()
-    except DsactlError as e:
+        return current_arch()
+    except KernelBuildError as e:
         raise DsactlError(f"{e}; pass --arch ({', '.join(a.name for a in ARCHES)} or {ALL})") from None
 
 

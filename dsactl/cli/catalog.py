@@ -1,4 +1,4 @@
-"""dsactl list: definitions, solutions and suites."""
+"""dsactl list: definitions, solutions (with the attention dispatch table) and suites."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import typer
 
 from dsactl import definitions, solutions, workloads
 from dsactl.cli.render import console, table
+from dsactl.kernels.attention import dispatch
 
 
 def register(app: typer.Typer) -> None:
@@ -29,6 +30,9 @@ def register(app: typer.Typer) -> None:
                                 ((s.name, s.language, " ".join(s.definitions),
                                   "yes" if s.availability()[0] else f"no: {s.availability()[1]}", s.description)
                                  for s in solutions.SOLUTIONS)))
+            console.print(table("attention dispatch (which kernel the dsactl-attention entries run)",
+                                ["implementation", "source", "GPUs", "heads", "serves"],
+                                ((r.implementation, r.source, r.gpus, r.heads, r.serves) for r in dispatch.TABLE)))
         if what in ("suites", "all"):
             rows = []
             for name in workloads.SUITES:

@@ -1,6 +1,6 @@
 """dsa_sparse_attention: sparse MLA decode attention over selected tokens.
 
-Contest contract (DESIGN.md section 2): dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64.
+Contest contract (docs/design.md, Contracts): dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64.
 Variants by name suffix: heads {16, 32, 64, 128}; topk any multiple of 64 up to
 2048; `_fp8kv` (one int8 [num_pages, 64, 656] cache in the FP8 MLA token layout
 instead of two bf16 caches); `_lsee` (natural-log LSE instead of base 2);

@@ -169,7 +169,7 @@ class Definition:
     def reference_source(self) -> str:
         """Self-contained Python source with a top-level `run(<inputs>)` (the
         flashinfer-bench convention): the FP8 layouts, the helpers, the reference."""
-        from dsactl import fp8
+        from dsactl.kernels import fp8
 
         layouts = inspect.getsource(fp8).replace("from __future__ import annotations\n", "")
         parts = ["import math\n\nimport torch\n", layouts]

@@ -1,6 +1,6 @@
 """dsa_topk_indexer: FP8 lightning indexer scores + top-k + page-table translation.
 
-Contest contract (DESIGN.md section 2): dsa_topk_indexer_fp8_h64_d128_topk2048_ps64.
+Contest contract (docs/design.md, Contracts): dsa_topk_indexer_fp8_h64_d128_topk2048_ps64.
 Variants: heads {32, 64}, topk {512, 1024, 2048}, next_n 1-4 query tokens per
 request (name suffix `_nextnN`; q, weights and the output gain a next_n axis and
 token j of n sees seq_len - n + j + 1 tokens).
@@ -14,10 +14,8 @@ import torch
 
 from dsactl.definitions.base import Definition, TensorSpec
 from dsactl.fp8 import INDEX_HEAD_DIM, PAGE_SIZE, dequantize_index_k
+from dsactl.kernels.indexer.shapes import HEADS, NEXT_NS, TOPKS
 
-HEADS = (32, 64)
-TOPKS = (512, 1024, 2048)
-NEXT_NS = (1, 2, 3, 4)
 NAME_RE = re.compile(r"^dsa_topk_indexer_fp8_h(\d+)_d128_topk(\d+)_ps64(?:_nextn(\d+))?$")
 
 

@@ -2,11 +2,13 @@
 
 Sources: first main.py, the entry point, a generated `def run(<inputs>, <outputs>)` that
 calls the solution, so that every bundle's entry is a plain function with the definition's
-signature however the solution builds its callable; then the solution's Python closure and
-its CUDA sources, each at its module path (dsactl/kernels/topk/x.py), imports made relative.
-Language: a launcher that builds CUDA with the bundle's jit_runtime and calls it through
-ctypes is, to flashinfer-bench, a Python entry point ("cuda" there means a C++ symbol that
-it binds itself). Defaults for author and name prefix come from [tool.dsactl] in
+signature however the solution builds its callable; then, copied byte for byte at their paths in
+the repository (kernels/topk/launcher.py), the files the solution's entry for this definition runs
+(closure.py) and the CUDA sources its launchers load. The kernels import each other relatively, so
+they run as they are under whatever package a bundle is imported as (flashinfer-bench:
+fib_python_<hash>). Language: a launcher that builds CUDA with kernels/cuda_library.py on first use
+and calls it through ctypes is, to flashinfer-bench, a Python entry point ("cuda" there means a C++
+symbol that it binds itself). Defaults for author and name prefix come from [tool.dsactl] in
 pyproject.toml: the nearest one from the current folder upward, else dsactl's own.
 """
 
@@ -14,13 +16,13 @@ from __future__ import annotations
 
 import inspect
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from dsactl import definitions, solutions
 from dsactl.errors import DsactlError
-from dsactl.pack.closure import solution_closure
-from dsactl.pack.rewrite import rewrite_imports
+from dsactl.pack.closure import INSTALLED_KERNELS, KERNELS, solution_closure
 from dsactl.solutions import Solution
 
 FIB_LANGUAGE = {"python": "python", "triton": "triton", "cuda": "python"}
@@ -90,14 +92,16 @@ def build_bundle(solution: Solution, definition: str, name: str, author: str) ->
     if solution.language not in FIB_LANGUAGE:
         raise DsactlError(f"solution {solution.name}: cannot pack language {solution.language!r} "
                           f"(dsactl packs {', '.join(FIB_LANGUAGE)})")
-    check_signature(solution, d.signature)
-    closure, cuda = solution_closure(solution.entry, solution.cuda_libs)
-    module, _, func = solution.entry.partition(":")
-    main = ENTRY_TEMPLATE.format(name=name, definition=d.name, entry=solution.entry, module="." + module, func=func,
+    entry = solution.entry_for(d.name)
+    check_signature(solution, d.signature, entry)
+    closure, cuda = solution_closure(entry, solution.cuda_libs)
+    module, _, func = entry.partition(":")
+    main = ENTRY_TEMPLATE.format(name=name, definition=d.name, entry=entry,
+                                 module="." + KERNELS + module.removeprefix(INSTALLED_KERNELS), func=func,
                                  run=ENTRY_FUNCTION, args=", ".join(d.signature))
     python = sorted((m for m in closure.modules.values() if m.source), key=lambda m: m.path)
     sources = [{"path": ENTRY_FILE, "content": main}]
-    sources += [{"path": m.path, "content": rewrite_imports(m)} for m in python]
+    sources += [{"path": m.path, "content": m.source} for m in python]
     sources += [{"path": f.path, "content": f.read()} for f in cuda]
     return {
         "name": name,
@@ -116,13 +120,13 @@ def build_bundle(solution: Solution, definition: str, name: str, author: str) ->
     }
 
 
-def check_signature(solution: Solution, signature: list[str]) -> None:
-    """The solution's callable takes the definition's inputs then outputs, by these names."""
-    params = inspect.signature(solution.load()).parameters.values()
+def check_signature(solution: Solution, signature: list[str], entry: str) -> None:
+    """The entry's callable takes the definition's inputs then outputs, by these names."""
+    params = inspect.signature(replace(solution, entry=entry).load()).parameters.values()
     named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     required_kw = [p.name for p in params if p.kind == p.KEYWORD_ONLY and p.default is p.empty]
     if named != signature or required_kw:
-        raise DsactlError(f"{solution.entry} takes ({', '.join(named + required_kw)}); the definition calls it with "
+        raise DsactlError(f"{entry} takes ({', '.join(named + required_kw)}); the definition calls it with "
                           f"its inputs then outputs ({', '.join(signature)})")
 
 

@@ -16,12 +16,11 @@ from typing import Any
 
 from dsactl import definitions
 from dsactl.errors import DsactlError
-from dsactl.pack.closure import (ALLOWED_EXTERNAL, BUNDLE_KERNELS, BUNDLE_ROOT, ROOT, ModuleFile, bundle_finder, parse,
-                                 python_closure)
-from dsactl.pack.jit_runtime import HEADER_SUFFIXES
+from dsactl.kernels.cuda_library import HEADER_SUFFIXES
+from dsactl.pack.closure import ALLOWED_EXTERNAL, BUNDLE_ROOT, KERNELS, ModuleFile, bundle_finder, parse, python_closure
 
-# dsactl's largest closures (kernel, launcher, definitions, fp8, errors, CUDA sources) are
-# around 100 KiB; ten times that means a closure pulled in what it should not.
+# dsactl's largest closures (entries, launchers, kernels, CUDA sources) are around 200 KiB;
+# five times that means a closure pulled in what it should not.
 MAX_BUNDLE_BYTES = 1 << 20
 REQUIRED = ("name", "definition", "author", "spec", "sources")
 OPTIONAL = ("description",)
@@ -29,6 +28,7 @@ SPEC_REQUIRED = ("language", "target_hardware", "entry_point")
 SPEC_OPTIONAL = ("dependencies", "destination_passing_style", "binding")
 LANGUAGES = ("python", "triton", "cpp", "cuda", "tilelang")
 BINDINGS = (None, "tvm-ffi", "torch")
+INSTALLED = "dsactl"  # a bundle that imports it would run the installed tool's files, not its own
 
 
 @dataclass(frozen=True)
@@ -145,10 +145,10 @@ def _reached(files: dict[str, str], entry_file: str) -> dict[str, str]:
     module = entry_file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     if not all(part.isidentifier() for part in module.split(".")):
         raise DsactlError(f"entry file {entry_file} is not importable as a module")
-    closure = python_closure(f"{BUNDLE_ROOT}.{module}", bundle_finder(files, BUNDLE_ROOT), BUNDLE_ROOT, {})
-    if ROOT in closure.external:
-        raise DsactlError(f"{closure.external[ROOT]} imports the installed {ROOT}: bundle files import each other "
-                          "relatively (pack bundles with `dsactl pack`)")
+    closure = python_closure(f"{BUNDLE_ROOT}.{module}", bundle_finder(files, BUNDLE_ROOT))
+    if INSTALLED in closure.external:
+        raise DsactlError(f"{closure.external[INSTALLED]} imports the installed {INSTALLED}: bundle files import "
+                          "each other relatively (pack bundles with `dsactl pack`)")
     foreign = sorted(set(closure.external) - set(ALLOWED_EXTERNAL))
     if foreign:
         shown = ", ".join(f"{top} ({closure.external[top]})" for top in foreign)
@@ -158,10 +158,10 @@ def _reached(files: dict[str, str], entry_file: str) -> dict[str, str]:
                for name, m in closure.modules.items() if m.source}
     for library, loader in closure.cuda_libs.items():
         folders = [PurePosixPath(p).parent for p in files
-                   if PurePosixPath(p).parent.parent == PurePosixPath(BUNDLE_KERNELS) and p.endswith(f"/{library}.cu")]
+                   if PurePosixPath(p).parent.parent == PurePosixPath(KERNELS) and p.endswith(f"/{library}.cu")]
         if len(folders) != 1:
             raise DsactlError(f"{loader} loads CUDA library {library}, but the bundle has "
-                              f"{len(folders) or 'no'} {BUNDLE_KERNELS}/<stage>/{library}.cu")
+                              f"{len(folders) or 'no'} {KERNELS}/<stage>/{library}.cu")
         for path in files:
             p = PurePosixPath(path)
             if p.parent == folders[0] and (p.name == f"{library}.cu" or p.suffix in HEADER_SUFFIXES):

@@ -1,43 +1,39 @@
-"""The files a solution's entry point needs: its Python import closure within the dsactl
-package, plus the CUDA sources its launchers build.
+"""The files a solution's entry point runs: its Python import closure inside kernels/, plus the CUDA
+sources its launchers load. A bundle is a plain copy of them, at their paths in the repository.
 
-Read statically with `ast`, never run: `import` and `from ... import`, absolute and
-relative, at module level or inside functions. A package's __init__ belongs to the closure
-whenever one of its modules does (Python runs it first). Not followed: imports under
-`if TYPE_CHECKING:` (never run), importlib or __import__ with computed names, and data
-files opened through __file__.
+Read statically with `ast`, never run: `import` and `from ... import`, at module level or inside
+functions. The kernels import each other relatively, so the walk follows relative imports only; any
+other import is external, and only torch, triton and the standard library are allowed. A package's
+__init__ belongs to the closure whenever one of its modules does (Python runs it first). Not
+followed: imports under `if TYPE_CHECKING:` (never run), importlib or __import__ with computed names,
+and data files opened through __file__.
 
-CUDA: a launcher builds library <name> by calling load_library("<name>") (a string literal
-or a module-level string constant); the closure ships kernels/<stage>/<name>.cu and the
-headers of its folder, the `dsactl build` convention. Bundles cannot use `dsactl build`
-outputs, so dsactl.build.runtime is replaced by dsactl.pack.jit_runtime, which builds the
-shipped sources with nvcc on first use.
+CUDA: a launcher loads library <name> by calling load_library("<name>") (a string literal or a
+module-level string constant); the closure ships kernels/<stage>/<name>.cu and the headers of its
+folder, the convention of kernels/cuda_library.py, which builds them on first use in a bundle.
 
-The same walk checks a bundle (check.py): there the root is the bundle's own folder,
-imports are followed only through relative names, and nothing is redirected.
+The walk treats the files as one package, BUNDLE_ROOT, as flashinfer-bench and load_bundle import a
+bundle (fib_python_<hash>.main): the same walk reads the checkout (pack) and a bundle (check.py).
 """
 
 from __future__ import annotations
 
 import ast
-import importlib.util
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Mapping
 
 from dsactl.errors import DsactlError
+from dsactl.kernels import cuda_library
 
-ROOT = "dsactl"
-JIT_RUNTIME = "dsactl.pack.jit_runtime"
-REDIRECTS = {"dsactl.build.runtime": JIT_RUNTIME}
-# Where the CUDA sources lie inside a bundle: the module layout of dsactl.kernels, which is
-# where jit_runtime looks for them.
-BUNDLE_KERNELS = "dsactl/kernels"
+# The kernels' folder at the repository root, and in a bundle; dsactl imports it as dsactl.kernels.
+KERNELS = "kernels"
+INSTALLED_KERNELS = "dsactl.kernels"
 # A bundle runs where only these and the standard library are installed.
 ALLOWED_EXTERNAL = ("torch", "triton")
 LOAD_LIBRARY = "load_library"
-# The package a bundle's files are imported under when checked (flashinfer-bench: fib_python_<hash>).
+# The package a bundle's files are imported under when walked (flashinfer-bench: fib_python_<hash>).
 BUNDLE_ROOT = "__bundle__"
 
 
@@ -67,32 +63,11 @@ class Closure:
     computed_cuda: list[str] = field(default_factory=list)  # "file:line" of load_library(<not a constant>)
 
 
-def module_path(name: str, is_package: bool) -> str:
-    base = name.replace(".", "/")
-    return f"{base}/__init__.py" if is_package else f"{base}.py"
-
-
-def repo_finder(name: str) -> ModuleFile | None:
-    """A module of the installed dsactl, located without running it (only its parent
-    packages are imported, as importlib.util.find_spec does)."""
-    parent = name.rpartition(".")[0]
-    if parent:
-        found = repo_finder(parent)
-        if found is None or not found.is_package:
-            return None
-    try:
-        spec = importlib.util.find_spec(name)
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    is_package = spec.submodule_search_locations is not None
-    if spec.origin is None or not spec.has_location:  # a namespace package: no file
-        return ModuleFile(name, True, "", module_path(name, True), name)
-    origin = Path(spec.origin)
-    if origin.suffix != ".py":
-        raise DsactlError(f"{name} is {origin.name}, not Python source: a bundle can only ship sources")
-    return ModuleFile(name, is_package, _read_text(origin), module_path(name, is_package), str(origin))
+def checkout_files() -> dict[str, str]:
+    """Every Python file of the kernels in this checkout or installation, by its path in a bundle."""
+    root = cuda_library.kernels_root()
+    return {f"{KERNELS}/{path.relative_to(root).as_posix()}": _read_text(path)
+            for path in sorted(root.rglob("*.py")) if "__pycache__" not in path.parts}
 
 
 def bundle_finder(files: Mapping[str, str], root: str) -> Finder:
@@ -115,21 +90,17 @@ def bundle_finder(files: Mapping[str, str], root: str) -> Finder:
     return find
 
 
-def python_closure(entry: str, find: Finder, root: str = ROOT,
-                   redirects: Mapping[str, str] = REDIRECTS) -> Closure:
+def python_closure(entry: str, find: Finder, root: str = BUNDLE_ROOT) -> Closure:
     """Every module under `root` reachable from module `entry` through imports."""
     closure = Closure()
     todo: list[tuple[str, str]] = [(entry, "the entry point")]
     while todo:
         name, importer = todo.pop(0)
-        name = redirects.get(name, name)
         if name in closure.modules:
             continue
         found = find(name)
         if found is None:
-            if root == BUNDLE_ROOT:
-                raise DsactlError(f"{importer} imports {name.removeprefix(root + '.')}, which is not in the bundle")
-            raise DsactlError(f"{importer} imports {name}, which is not a module of {root}")
+            raise DsactlError(f"{importer} imports {name.removeprefix(root + '.')}, which is not in the bundle")
         closure.modules[name] = found
         closure.via[name] = importer
         parent = name.rpartition(".")[0]
@@ -145,7 +116,7 @@ def python_closure(entry: str, find: Finder, root: str = ROOT,
                 base = absolute_base(node, found)
                 if not _follow(closure, todo, base, found.path, root):
                     continue
-                package = find(redirects.get(base, base))
+                package = find(base)
                 if package is not None and package.is_package:
                     for alias in node.names:
                         if alias.name != "*" and find(f"{base}.{alias.name}") is not None:
@@ -250,38 +221,34 @@ class CudaFile:
 
 
 def solution_closure(entry: str, declared_libs: tuple[str, ...] = ()) -> tuple[Closure, list[CudaFile]]:
-    """The closure of a solution's entry ("dsactl.x.y:func") in the installed dsactl, checked
-    self-contained: imports only torch, triton and the standard library outside dsactl, and
-    every CUDA library it loads has sources and the runtime that builds them."""
+    """The closure of a solution's entry ("dsactl.kernels.x.y:func") in this checkout, checked
+    self-contained: outside kernels/ it imports only torch, triton and the standard library."""
     module = entry.partition(":")[0]
-    if module.partition(".")[0] != ROOT:
-        raise DsactlError(f"entry {entry} is outside the {ROOT} package: dsactl packs only its own solutions")
-    closure = python_closure(module, repo_finder)
+    if not module.startswith(INSTALLED_KERNELS + "."):
+        raise DsactlError(f"entry {entry} is outside {INSTALLED_KERNELS}: a bundle carries kernels/ only")
+    files = checkout_files()
+    closure = python_closure(f"{BUNDLE_ROOT}.{KERNELS}.{module.removeprefix(INSTALLED_KERNELS + '.')}",
+                             bundle_finder(files, BUNDLE_ROOT))
     foreign = {top: via for top, via in closure.external.items() if top not in ALLOWED_EXTERNAL}
     if foreign:
         shown = ", ".join(f"{top} (imported by {via})" for top, via in sorted(foreign.items()))
-        raise DsactlError(f"{entry} needs {shown}; a bundle may import only "
-                          f"{', '.join(ALLOWED_EXTERNAL)} and the standard library")
+        raise DsactlError(f"{entry} needs {shown}; kernels import only {', '.join(ALLOWED_EXTERNAL)}, the "
+                          f"standard library and, relatively, each other")
     libraries = dict(closure.cuda_libs)
     for lib in declared_libs:
         libraries.setdefault(lib, "the solution's cuda_libs")
     if closure.computed_cuda and not declared_libs:
         raise DsactlError(f"load_library with a computed name at {', '.join(closure.computed_cuda)}: "
                           "list the libraries in the solution's cuda_libs")
-    if libraries and JIT_RUNTIME not in closure.modules:
-        raise DsactlError(f"{entry} loads CUDA libraries ({', '.join(libraries)}) but does not import "
-                          "dsactl.build.runtime, which bundles replace with their own builder")
     return closure, _cuda_files(libraries)
 
 
 def _cuda_files(libraries: dict[str, str]) -> list[CudaFile]:
-    from dsactl.build.sources import find_cuda, kernels_dir
-
-    root = kernels_dir()
+    root = cuda_library.kernels_root()
     files: dict[str, CudaFile] = {}
     for lib in sorted(libraries):
-        source = find_cuda(lib)
+        source = cuda_library.find(lib)
         for path in (source.path, *source.headers):
-            rel = f"{BUNDLE_KERNELS}/{path.relative_to(root).as_posix()}"
+            rel = f"{KERNELS}/{path.relative_to(root).as_posix()}"
             files.setdefault(rel, CudaFile(rel, path, lib))
     return list(files.values())

@@ -2,8 +2,8 @@
 
 The bundle is checked, unpacked into a temporary folder (removed at exit) as the package
 dsactl_bundle_<hash of the JSON>, and its entry imported from there: the bundle's own
-files run, not the installed dsactl's. CUDA parts build on first call with the bundle's
-jit_runtime, so availability asks for nvcc rather than for a `dsactl build`.
+files run, not the installed dsactl's. CUDA parts build on first call with the bundle's own
+kernels/cuda_library.py, so availability asks for nvcc rather than for a `dsactl build`.
 """
 
 from __future__ import annotations
@@ -31,16 +31,17 @@ _unpacked: dict[str, Path] = {}  # package -> the folder on sys.path that holds 
 
 @dataclass(frozen=True)
 class BundleSolution(Solution):
-    builds_cuda: bool = False  # ships CUDA sources that its jit_runtime builds with nvcc
+    builds_cuda: bool = False  # ships CUDA sources that it builds with nvcc on first use
 
     def availability(self) -> tuple[bool, str]:
         ok, why = super().availability()
         if ok and self.builds_cuda:
-            from dsactl.build.arch import nvcc_path
+            from dsactl.kernels.cuda_library import find_nvcc
+            from dsactl.kernels.errors import KernelBuildError
 
             try:
-                nvcc_path()
-            except DsactlError as e:
+                find_nvcc()
+            except KernelBuildError as e:
                 return False, f"builds its CUDA parts on first use: {e}"
         return ok, why
 

@@ -1,4 +1,4 @@
-"""The contest's comparison rules (DESIGN.md section 2), one verdict per call.
+"""The contest's comparison rules (docs/design.md, Contracts), one verdict per call.
 
 Dense outputs (attention): an element fails only if |a - r| > atol AND
 |a - r| / (|r| + 1e-8) > rtol; every element must match unless the tolerance's

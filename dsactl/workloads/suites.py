@@ -17,7 +17,7 @@ from dsactl.workloads.workload import Workload
 SUITE_SEED = 2026
 SUITES = ("contest", "scale", "edge")
 
-# Contest distributions (DESIGN.md section 2).
+# Contest distributions (docs/design.md, Contracts).
 CONTEST_INDEXER_WORKLOADS = 128
 CONTEST_INDEXER_PASSTHROUGH = 69  # max_num_pages * 64 <= 2048: top-k keeps every valid token
 CONTEST_INDEXER_NUM_PAGES = 11923

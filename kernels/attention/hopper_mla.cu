@@ -1,6 +1,6 @@
 // Sparse MLA decode attention for Hopper (sm_90a): warp-specialized, wgmma + mbarrier + cp.async + TMA.
 //
-// Contract (C ABI dsa_hopper_mla_decode below; DESIGN.md sections 1-3, the same operator as
+// Contract (C ABI dsa_hopper_mla_decode below; docs/design.md, Contracts; the same operator as
 // triton_sparse_mla.py), per query token t and head h of a group of 64:
 //   q_nope [T, H, 512] bf16, q_pe [T, H, 64] bf16: last dim contiguous, token/head strides free
 //     (multiples of 8 elements), 16-byte aligned base. H in {64, 128}.
@@ -35,7 +35,7 @@
 //   - Hopper's TMA has no gather: the producer moves rows by index with cp.async (bf16) or plain
 //     loads it can dequantize on the way (FP8), and publishes them with an mbarrier.
 //   - The consumers split the work instead of duplicating it: each MMA runs once per CTA (Triton's
-//     8-warp tl.dot gave both warpgroups the whole Q.K^T: 1.53x the tensor work, issue 7). One
+//     8-warp tl.dot gave both warpgroups the whole Q.K^T: 1.53x the tensor work). One
 //     warpgroup owns S, so Q is read from shared memory once a block (twice when each consumer
 //     took half the tokens: shared-memory reads then ~300 KB a block) and whole rows need no
 //     exchange of maxima; consumer 1's PV overlaps consumer 0's next S.
@@ -44,7 +44,7 @@
 //   - setmaxnreg moves registers from the producer to the consumers, whose O accumulator alone is
 //     128 fp32 registers a thread.
 //   - FP8 at 128 heads, both head groups need the same dequantized rows, and the producer's CUDA-core
-//     dequantization bounds the FP8 path (ncu: the consumers wait on it, session 4). So each CTA of
+//     dequantization bounds the FP8 path (ncu: the consumers wait on it). So each CTA of
 //     the cluster loads and dequantizes half of every block's tokens into its own ring, and the
 //     bulk-copy engine copies them, pass by pass, into the peer's ring, completing their bytes on
 //     the peer's full barrier (no fence or remote arrival that would wait for the producer's
@@ -114,8 +114,8 @@ constexpr int kClusterHeads = 128;  // FP8 at this many heads: the two head grou
 // against 16.9-17.0 alone; T=8, 8 splits of 4 blocks: 39.2 against 41.2).
 constexpr int kClusterMinBlocks = 2;
 // bf16 loads Q by TMA in splits of at most this many blocks, where Q's load is a large part of the
-// CTA's time; longer splits copy it with every thread first (H200, shipped cp.async against TMA, A/B/A,
-// session12/q-tma/: TMA 0.3-1.4 us faster at 2-4 blocks a split, h64 T=8 17.90 -> 16.53; 1-5% slower
+// CTA's time; longer splits copy it with every thread first (H200, shipped cp.async against TMA, A/B/A:
+// TMA 0.3-1.4 us faster at 2-4 blocks a split, h64 T=8 17.90 -> 16.53; 1-5% slower
 // at 8 or more, h128 T=128 154.2 -> 162.8).
 constexpr int kQTmaMaxBlocks = 4;
 constexpr int kMmaK = 16;   // wgmma K for bf16
@@ -126,10 +126,10 @@ constexpr int kMmaK = 16;   // wgmma K for bf16
 // a CTA's 128 KB partial at ~40 GB/s (3.5 us for 2 CTAs, 6.8 us for 16; H200), so with more splits
 // the merge cost more than the combine kernel at every count and grid measured (h64 T=1, 16 splits:
 // 16.5 against 12.4 us), while at 2 splits on a full grid it saves the combine's traffic (h128 T=32
-// bf16: 42.8 against 49.8 us; profiles/h200/attention/session9/cluster-merge/).
+// bf16: 42.8 against 49.8 us).
 constexpr int kClusterSplits = 2;
 
-// FP8 token layout (dsactl/fp8.py).
+// FP8 token layout (kernels/fp8.py).
 constexpr int kFp8TokenBytes = 656;
 constexpr int kFp8ScaleOffset = 512;
 constexpr int kFp8KpeOffset = 528;
@@ -242,7 +242,7 @@ struct Params {
 // swizzle (q_tensor_maps); read by TMA from the kernel's parameter space (__grid_constant__). A second
 // parameter of that kernel alone (and its barrier after FP8's slot), so that the other kernels' SASS
 // stays as it was: with the maps in Params and the barrier before that slot, the FP8 kernels were
-// 0.3-0.45 us slower at T <= 8 (H200, A/B/A, session12/q-tma-gated/).
+// 0.3-0.45 us slower at T <= 8 (H200, A/B/A).
 struct QMaps {
   CUtensorMap nope, pe;
 };
@@ -273,7 +273,7 @@ constexpr uint32_t kBarQReady = 7;         // FP8: the consumers loaded Q
 
 // A bf16 partial leaves through shared memory: written straight from the accumulator layout, a store
 // of a quad covers a fraction of a sector in each of 8 rows (fp32, ncu, h128 T=1: 19% of the warp
-// stalls were "lg throttle" on those stores; bf16 so, 2.7-4.9 us lost at 64 heads, session 8); staged
+// stalls were "lg throttle" on those stores; bf16 so, 2.7-4.9 us lost at 64 heads); staged
 // in fp32, each warp stores 512 contiguous bf16 bytes, 16 a thread. Rows are padded by 8 floats so the
 // 8 rows of a warp's staging store fall on distinct bank octets (two wavefronts for its 256 bytes, the
 // least). The cluster merge reads the same staged fp32 partials.
@@ -385,7 +385,7 @@ __device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
 // passes rank * kPasses / kPeers .. +kPasses / kPeers - 1 of every block, writes them into its ring,
 // and one thread bulk-copies each pass to the same offsets of the peer's ring (peer address = local
 // address + peer_delta), completing kPeerBytes a block on the peer's full barrier, which its own
-// producer expects. (Per-thread st.async to the peer throttled the producer on its store queue: session 5.)
+// producer expects. (Per-thread st.async to the peer throttled the producer on its store queue.)
 // One token slice per lane: its 16-byte piece of each of the 4 scale groups (16 e4m3 values), the
 // 4 scales, and its 16-byte piece of the rope values. Software pipeline over passes (across blocks
 // too): the next pass's slice and the index after it are loaded before this pass is converted, so
@@ -1106,10 +1106,9 @@ __device__ __forceinline__ void load_q_bf16_tma(const QMaps& maps, const Smem& s
 // (reloaded rather than kept: 72 registers live across the barrier spilled). Returns whether it did.
 // The rows' maxima are cleared in the kernel's prologue: cleared here, behind a barrier of their own,
 // racecheck reported consumer 0's later write of the rescale factors against consumer 1's read (that
-// hand-off is ordered by kBarPFree / kBarPReady; profiles/h200/attention/session11/).
+// hand-off is ordered by kBarPFree / kBarPReady).
 // The check costs 0.3-0.8 us at T <= 2 (H200); 4 threads a row finding each row's shift by shuffles,
-// with no second pass, cost more: every load then lands before the first store (0.5-1 us more;
-// profiles/h200/attention/session10/).
+// with no second pass, cost more: every load then lands before the first store (0.5-1 us more).
 __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, const Work& w, int loader) {
   constexpr int kPerThread = kQPieces / kConsumerThreads;
   static_assert(kQPieces % kConsumerThreads == 0, "the Q pieces divide evenly over the consumer threads");
@@ -1185,12 +1184,11 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   const uint32_t peer_delta = kPeers > 1 ? mapa_shared(sm.base, rank ^ 1) - sm.base : 0;
   // bf16, short splits: Q by TMA (above), landing while the producer gathers the first block; only
   // consumer 0, its reader, waits for it. Both ways of overlapping it by cp.async lost (the consumers
-  // loading it: up to 2 us, h64 T=16 28.1 against 25.9, session9/q-overlap-both/; the producer issuing
-  // it ahead of block 0: 0.6-1.3 us, session9/q-producer-bf16/): their copies competed with the
+  // loading it: up to 2 us, h64 T=16 28.1 against 25.9; the producer issuing
+  // it ahead of block 0: 0.6-1.3 us): their copies competed with the
   // gather's. Longer bf16 splits: by every thread first (kQTmaMaxBlocks says why). FP8: by the
   // consumers, converting it while the producer gathers the first block (H200, against every thread
-  // first: h64 T=1 12.0 against 13.6 us, h128 T=2 15.8 against 17.3; session9/builds/; under
-  // profiles/h200/attention/).
+  // first: h64 T=1 12.0 against 13.6 us, h128 T=2 15.8 against 17.3).
   if constexpr (!kFp8 && !kQTma) load_q_bf16(p, sm, w);
   // The initialized barriers (and the cp.async Q) are visible to every warpgroup, and to the peer, whose
   // producer arrives and copies into them, before any role starts.

@@ -2,7 +2,7 @@
 arch check, split choice, the split partials, then the kernel and, with several splits that do not
 merge in the kernel (merges_in_cluster), the Triton combine.
 
-Contract: the sparse attention operator of DESIGN.md sections 1-3 (as triton_sparse_mla.py), for
+Contract: the sparse attention operator (docs/design.md, Contracts; as triton_sparse_mla.py), for
 the shapes this kernel serves: 64 or 128 heads (a CTA owns 64 heads of one token), topk a multiple
 of 64 up to 2048, bf16 KV (ckv_cache + kpe_cache) or FP8 KV (kv_cache, 656-byte tokens), LSE base 2
 or e, -1 indices anywhere, empty rows (output 0, lse -inf). FP8 KV is dequantized to fp16 and
@@ -23,31 +23,32 @@ that the Triton combine() reduces, or, with exactly CLUSTER_SPLITS (2) splits, i
 the two splits of one (token, head group) form a thread-block cluster and merge through distributed
 shared memory (no partials in global memory, no combine launch). merges_in_cluster() says when.
 
-Serving: the shipped attention entries (solution.py) dispatch here whenever serves() says the call
-fits; dsactl-attention-hopper* names it directly (sm_90 only), so bench and verify can set it beside
-the Triton kernel.
+Serving: the shipped attention entries (solution.py) send a call here when dispatch.py says this kernel
+serves it (fits() checks the limits and alignment); the entries below name it directly (sm_90 only), so
+that it can be timed and checked beside the Triton kernel.
 """
 
 from __future__ import annotations
 
 import ctypes
 import math
-import warnings
 from functools import lru_cache
 
 import torch
 
-from dsactl.errors import DsactlError
-from dsactl.fp8 import MLA_TOKEN_BYTES
-from dsactl.kernels.attention import triton_sparse_mla as tsm
-from dsactl.kernels.attention.solution import _entry
+from ..cuda_library import load_library
+from ..errors import KernelBuildError, KernelError, KernelInputError
+from ..fp8 import MLA_TOKEN_BYTES
+from . import triton_sparse_mla as tsm
+from .dispatch import HOPPER_CAPABILITY, HOPPER_HEADS
+from .entries import Variant, entries
 
 LIBRARY = "hopper_mla"
-HEADS = (64, 128)
+HEADS = HOPPER_HEADS
 HEADS_PER_CTA = 64  # wgmma M: one consumer warpgroup's accumulator rows
 BLOCK_TOKENS = 64  # tokens per shared-memory ring stage
 MAX_TOPK = 2048
-CAPABILITY = (9, 0)  # wgmma and setmaxnreg: sm_90a only
+CAPABILITY = HOPPER_CAPABILITY
 ALIGN_BYTES = 16  # cp.async and vector loads move 16 bytes
 ROW_ALIGN_ELEMS = ALIGN_BYTES // 2  # bf16 elements per 16 bytes
 # The split formula of the Triton kernel, with this kernel's tile: 64 heads x 64 tokens per step,
@@ -62,7 +63,7 @@ WHO = "Hopper sparse MLA attention"
 
 
 def _fail(message: str) -> None:
-    raise DsactlError(f"{WHO}: {message}")
+    raise KernelInputError(f"{WHO}: {message}")
 
 
 def _check(cond: bool, message: str) -> None:
@@ -88,12 +89,12 @@ def check_arch(device: torch.device) -> None:
     capability = tuple(_device_capability(device))
     _check(capability == CAPABILITY,
            f"runs only on compute capability 9.0 (H100/H200, sm_90a); this GPU is {capability[0]}.{capability[1]}: "
-           f"use the Triton kernel (dsactl.kernels.attention.triton_sparse_mla)")
+           f"use the Triton kernel (triton_sparse_mla.py)")
 
 
 # A CTA's fp32 partial (64 heads x 512 values, 128 KB) written and read back by the combine costs
 # about PARTIAL_TILES tiles spread over the SMs. Fitted to the split sweep (H200, combine with the
-# splits reduced in registers; profiles/h200/attention/split_sweep_hopper.csv, 26 shapes): values
+# splits reduced in registers, 26 shapes): values
 # from 2.1 to 3 pick the fastest measured count within 0.25 us on all but h64 T=8 and h128 T=4
 # bf16 (0.8 and 0.5 us off, where FP8 prefers the count picked by 3.1 and 1.6 us); 1.8 us lost in
 # all against 10.1 without the term, which gave h128 T=2 and h64 T=4 32 splits (17.1 us against
@@ -113,9 +114,9 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
 def bf16_partials_for(num_tokens: int, heads: int, splits: int, num_sms: int) -> bool:
     """Whether the kernel writes its split partials in bf16 (the kernel's bf16_partials): on grids of
     more CTAs than half the SMs, where the partials' stores and the combine's reads weigh most. There
-    they leave through shared memory, 16 contiguous bytes a thread (fp32 partials so: session 8, 128
+    they leave through shared memory, 16 contiguous bytes a thread (fp32 partials so, 128
     CTAs, h128 T=4 bf16 17.61 against 18.30 us stored from the accumulators), and bf16 halves the
-    traffic (session 12, fp32 against bf16, both staged: h128 T=8 bf16 21.86 -> 18.67 us, h64 T=16
+    traffic (fp32 against bf16, both staged: h128 T=8 bf16 21.86 -> 18.67 us, h64 T=16
     25.55 -> 20.19, FP8 h128 T=8 27.02 -> 24.02). On smaller grids the round trip through shared
     memory costs more than it saves (64 CTAs, h64 T=2 bf16 13.57 staged against 12.90 direct;
     bf16 staged there: h64 T=1 11.23 -> 12.00), so fp32 partials leave straight from the
@@ -133,9 +134,8 @@ def merges_in_cluster(splits: int, heads: int, fp8kv: bool) -> bool:
 
 
 @lru_cache(maxsize=None)
-def _library() -> ctypes.CDLL:
-    from dsactl.build.runtime import load_library
-
+def library() -> ctypes.CDLL:
+    """lib{LIBRARY}.so for this GPU, bound; a KernelBuildError names the build to run when it is missing."""
     return bind(load_library(LIBRARY))
 
 
@@ -164,13 +164,13 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dsa_hopper_mla_cluster_splits.restype = i32
     limits = (lib.dsa_hopper_mla_max_splits(), lib.dsa_hopper_mla_max_tokens(), lib.dsa_hopper_mla_cluster_splits())
     if limits != (MAX_SPLITS, MAX_TOKENS, CLUSTER_SPLITS):
-        raise DsactlError(f"lib{LIBRARY}.so was built with different limits: rebuild it with `dsactl build`")
+        raise KernelBuildError(f"lib{LIBRARY}.so was built with different limits: rebuild it with `dsactl build`")
     return lib
 
 
 def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache, kv_cache, topk_length,
                  attn_sink) -> tuple[int, int, int, bool]:
-    """Every check that needs no GPU: (num_tokens, heads, topk, fp8kv), or a DsactlError."""
+    """Every check that needs no GPU: (num_tokens, heads, topk, fp8kv), or a KernelInputError."""
     _check(topk_length is None, "topk_length (_topklen) is not served here: use the Triton kernel")
     _check(attn_sink is None, "attn_sink (_sink) is not served here: use the Triton kernel")
     checked = tsm.check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache, kv_cache, None, None,
@@ -195,42 +195,14 @@ def _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv
             _check_aligned(name, cache, 2)
 
 
-def serves(q_nope, q_pe, sparse_indices, output, lse, *, ckv_cache=None, kpe_cache=None, kv_cache=None,
-           topk_length=None, attn_sink=None, **_) -> bool:
-    """Whether the dispatcher (solution.implementation_for) should send this call here: an sm_90 GPU
-    with the library built, a variant and head count this kernel serves, its limits and alignment.
-    The operator's contract is not checked here (sparse_mla_attention checks it once, and a call
-    that breaks it fails there as it would in the Triton kernel); everything else goes to Triton."""
-    if topk_length is not None or attn_sink is not None or q_nope.dim() != 3 or q_nope.shape[1] not in HEADS:
-        return False
-    if kv_cache is None and (ckv_cache is None or kpe_cache is None):
-        return False  # no KV form: the contract check (Triton's) says so
-    if not runs_on(q_nope.device):
-        return False
+def fits(q_nope, q_pe, sparse_indices, output, ckv_cache=None, kpe_cache=None, kv_cache=None) -> bool:
+    """Whether the call is within this kernel's limits and alignment (_check_limits), for the dispatch:
+    a call outside them goes to the Triton kernel. Needs no GPU and no library."""
     try:
         _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache)
-    except DsactlError:
+    except KernelInputError:
         return False
     return True
-
-
-def runs_on(device: torch.device) -> bool:
-    """An sm_90 GPU, and lib{LIBRARY}.so built for it (`dsactl build --arch sm90a`). An sm_90 GPU
-    without a usable build says so once (the Triton kernel still serves, only slower)."""
-    if device.type != "cuda" or tuple(_device_capability(device)) != CAPABILITY:
-        return False
-    try:
-        _library()
-    except DsactlError as e:
-        _warn_not_used(str(e))
-        return False
-    return True
-
-
-@lru_cache(maxsize=None)
-def _warn_not_used(reason: str) -> None:
-    warnings.warn(f"{WHO} not used on this sm_90 GPU (the Triton kernel serves its shapes, slower): {reason}",
-                  RuntimeWarning, stacklevel=4)
 
 
 def sparse_mla_attention(
@@ -268,7 +240,7 @@ def sparse_mla_attention(
     else:
         kv_a, stride_a, kv_b, stride_b = ckv_cache, ckv_cache.stride(1), kpe_cache, kpe_cache.stride(1)
 
-    lib = _library()
+    lib = library()
     with torch.cuda.device(device):
         code = lib.dsa_hopper_mla_decode(
             q_nope.data_ptr(), q_nope.stride(0), q_nope.stride(1),
@@ -283,13 +255,12 @@ def sparse_mla_attention(
             torch.cuda.current_stream(device).cuda_stream,
         )
     if code != 0:
-        _fail(f"kernel launch failed: {lib.dsa_hopper_mla_error_string(code).decode()} (code {code})")
+        raise KernelError(f"{WHO}: kernel launch failed: {lib.dsa_hopper_mla_error_string(code).decode()} "
+                          f"(code {code})")
     if combined:
         tsm.combine(partials, None, output, lse, lse_scale, heads, splits, num_tokens)
 
 
 # Entries with the definitions' signatures, for the variants served (no _topklen, no _sink).
-sparse_attention = _entry(sparse_mla_attention, "hopper_sparse_attention")
-sparse_attention_lsee = _entry(sparse_mla_attention, "hopper_sparse_attention", lse_e=True)
-sparse_attention_fp8kv = _entry(sparse_mla_attention, "hopper_sparse_attention", fp8kv=True)
-sparse_attention_fp8kv_lsee = _entry(sparse_mla_attention, "hopper_sparse_attention", fp8kv=True, lse_e=True)
+SERVED_VARIANTS = tuple(Variant(fp8kv, lse_e) for fp8kv in (False, True) for lse_e in (False, True))
+globals().update(entries(sparse_mla_attention, "sparse_attention", SERVED_VARIANTS))

@@ -201,7 +201,7 @@ __device__ __forceinline__ void fence_mbarrier_init_cluster() {
 // Arrive on an mbarrier of this CTA or a peer (shared::cluster address), release at CTA scope as
 // mbar_arrive: used only to release a stage the peer's producer overwrites next, after this thread's
 // reads of it have completed (wgmma waited on, shared loads returned). A .release.cluster arrival
-// would cost a MEMBAR.ALL.GPU that waits for every memory operation in flight (ncu, session 5).
+// would cost a MEMBAR.ALL.GPU that waits for every memory operation in flight (ncu).
 __device__ __forceinline__ void mbar_arrive_cluster(uint32_t cluster_bar) {
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\n" ::"r"(cluster_bar) : "memory");
 }

@@ -11,7 +11,8 @@ import math
 
 import torch
 
-from dsactl.fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_TOKEN_BYTES, dequantize_mla_kv
+from ..fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_TOKEN_BYTES, dequantize_mla_kv
+from .entries import Variant, entries
 
 
 def sparse_mla_attention(
@@ -42,3 +43,7 @@ def sparse_mla_attention(
         out = out / (1.0 + torch.exp(attn_sink.float()[None, :] - lse_e))[..., None]
     output.copy_(out)
     lse.copy_(lse_e if lse_base_e else lse_e * math.log2(math.e))
+
+
+# Entries with the definitions' signatures, bf16 and FP8 KV (the bench baseline needs no other variant).
+globals().update(entries(sparse_mla_attention, "torch_sparse_attention", (Variant(), Variant(fp8kv=True))))

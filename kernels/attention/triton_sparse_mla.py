@@ -1,6 +1,6 @@
 """Sparse MLA decode attention in Triton: every variant, split-KV, exact combine.
 
-Contract (dsactl/definitions/attention.py, DESIGN.md sections 1-3), per query token t:
+Contract (docs/design.md, Contracts), per query token t:
 - q_nope [T, H, 512] bf16, q_pe [T, H, 64] bf16 (last dim contiguous; token/head strides free,
   so q may be a view of one [T, H, 576] tensor); H in {16, 32, 64, 128}.
 - KV, one latent head shared by all query heads, either bf16 ckv [*, 512] and kpe [*, 64]
@@ -40,11 +40,11 @@ import torch
 import triton
 import triton.language as tl
 
-from dsactl.errors import DsactlError
-from dsactl.fp8 import (MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET,
-                        MLA_TOKEN_BYTES)
+from ..errors import KernelInputError
+from ..fp8 import (MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET,
+                    MLA_TOKEN_BYTES)
 
-# The interpreter computes bf16 tl.dot wrongly (DESIGN.md section 5): upcast to fp32 there.
+# Triton's CPU interpreter computes bf16 tl.dot wrongly (errors near 1e10, silently): upcast to fp32 there.
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
 HEADS = (16, 32, 64, 128)
@@ -56,13 +56,13 @@ H200_NUM_SMS = 132
 MAX_SPLITS = 64
 # A combine program reduces a [heads, splits, COMBINE_BLOCK_D] block of partials of at most
 # COMBINE_TILE fp32 values (32 KB: 64 registers a thread with 4 warps); fewer splits, more heads.
-# Contest suite mean (H200, profiles/h200/attention/session7/combine-tiles.csv): 64 columns 9.22 us,
+# Contest suite mean (H200): 64 columns 9.22 us,
 # 128 columns 9.52, 32 columns 9.47; 64 columns with a 4096-value tile 9.68.
 COMBINE_BLOCK_D = 64
 COMBINE_TILE = 8192
 COMBINE_WARPS = 4
 # bf16 partials (the Hopper kernel's, on grids over half the SMs) of 16 or more splits: 2 warps. H200,
-# inside the Hopper calls (profiles/h200/attention/session13/combine/, ab-combine/): the combine of 16
+# inside the Hopper calls: the combine of 16
 # splits took 3.2-4.0 us against 5.3-6.2 with 4 warps (12.3 with 8), h64 T=8 bf16 15.8 -> 13.7 us whole.
 # 2, 4 and 8 splits gained nothing steady from other columns or warps (within 0.5 us either way in the
 # A/B); 32 and 64 splits of bf16 partials (only when a caller forces them on a large grid) were not
@@ -72,8 +72,8 @@ BF16_COMBINE_WARPS = 2
 
 # The most index positions a split holds at once (the split kernels load their split's ids once,
 # before the loop; see _split_ids): tl.gather stages them in shared memory, 4 bytes each, 8 KB beside
-# the 216 KB of the 64-head bf16 tiles. The contest's topk is 2048 (dsactl/definitions/topk.py
-# MAX_TOPK), one split; longer rows take at least cdiv(topk, ROW_IDS_MAX) splits (num_splits_for).
+# the 216 KB of the 64-head bf16 tiles. The contracts' largest topk is 2048,
+# one split; longer rows take at least cdiv(topk, ROW_IDS_MAX) splits (num_splits_for).
 ROW_IDS_MAX = 2048
 # The fewest ids a program loads (ROW_PAD): shorter shares are padded up to it (masked, -1), one or two
 # registers a thread, so that a kernel is built for 4 row lengths (256-2048), not 7 or 8.
@@ -126,7 +126,7 @@ def _split_ids(row_ptr, n_mine, num_splits, ROW_PAD: tl.constexpr):
     """The ids of a split's n_mine positions [ROW_PAD], -1 past them, loaded once before the loop. Loaded
     per tile inside the loop instead (the earlier form), each tile's id load sat in the chain that leads
     to its rows' copies; hoisted, the pipelined loop only gathers them from shared memory (H200, full
-    rows of 2048, h128 T=128 bf16 311 against 331 us: profiles/h200/attention/session14/)."""
+    rows of 2048, h128 T=128 bf16 311 against 331 us)."""
     jr = tl.arange(0, ROW_PAD)
     return tl.load(row_ptr + jr * num_splits, mask=jr < n_mine, other=-1)
 
@@ -391,7 +391,7 @@ def _sparse_mla_fp8_f16_kernel(
     by 2^-(E - 15), a token whose largest dequantized or rope value reaches 65504 by 2^-min(E - 14, 15),
     both undone in fp32 on the logits and the token's shift on its p before the fp16 rounding (exact up to
     token values of 2^31). Per group, not one [N, 512] tile: the whole tile's fp32 values beside the
-    accumulator spilled 364 bytes (Triton 3.6, sm_90a; profiles/h200/attention/session11/)."""
+    accumulator spilled 364 bytes (Triton 3.6, sm_90a)."""
     tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
     tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
     tl.static_assert(_NUM_SCALES == 4 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
@@ -507,13 +507,13 @@ class Config:
 def config(heads: int, fp8kv: bool) -> Config:
     """Tile configuration per head count for grids that fill the GPU (register and shared-memory
     use read with cuobjdump from sm_90a builds of Triton 3.6). 64 heads x 64 tokens with 8 warps
-    is the shape that reached 257 TFLOPS on the H200 (DESIGN.md), and the only one where Triton
+    is the shape that reached 257 TFLOPS on an H200, and the only one where Triton
     issues wgmma.
     Fewer heads keep the whole head axis in one program, as every extra head group re-gathers
     the same KV rows. At 64 heads the fp16-tile FP8 kernel takes 64-token tiles (462.8 against 649.3 us
-    with 32 at h128 T=128: profiles/h200/attention/session12/fp8-f16) and, with its ids loaded before
+    with 32 at h128 T=128, H200) and, with its ids loaded before
     the loop, 3 stages (218 KB of shared memory, 12 bytes spilled at ROW_PAD 2048): 408 against 459 us
-    for per-tile ids and 2 stages (session14/; 2 stages with hoisted ids were not timed). Under 64 heads FP8 tiles are 32
+    for per-tile ids and 2 stages (2 stages with hoisted ids were not timed). Under 64 heads FP8 tiles are 32
     tokens: the hand-prefetched next tile would not fit in registers at 64."""
     if heads >= 64:
         if fp8kv:
@@ -540,7 +540,7 @@ def config(heads: int, fp8kv: bool) -> Config:
 SMALL_GRID_HEADS = 16
 _SMALL_GRID = Config(block_h=SMALL_GRID_HEADS, block_n=32, num_warps=4, num_stages=2)
 _ONE_TILE = Config(block_h=SMALL_GRID_HEADS, block_n=128, num_warps=8, num_stages=1)
-# Triton 3.6 (the H200 image, where it was measured) builds the one-tile configuration in 233
+# Triton 3.6 (where it was measured on an H200) builds the one-tile configuration in 233
 # registers; 3.7 and later spill it (544 bytes of stack at sm_90a), so they keep the 64-token tile.
 _ONE_TILE_BUILDS_CLEANLY = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
 
@@ -581,7 +581,7 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
     combine read, partial_tiles tiles a program spread over the SMs; ties go to fewer splits (less
     combine). This launcher leaves partial_tiles at 0: without it its picks were the fastest of 1-32
     splits at 23 of 24 64/128-head shapes (T=2-64; the 24th, h64 FP8 T=2, takes 64 splits, outside that
-    sweep: profiles/h200/attention/session7/triton-production-splits.csv). The Hopper kernel's larger
+    sweep, H200). The Hopper kernel's larger
     partials need it (hopper_mla.PARTIAL_TILES).
     Contest T=8 at 16 heads: 16 splits, 128 programs of 2 tiles; 128 heads at T=128: 1 split. Rows over
     ROW_IDS_MAX take at least the splits that hold them (past MAX_SPLITS the launcher refuses them)."""
@@ -654,7 +654,7 @@ def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink
 
 def _check(cond: bool, message: str, who: str = "sparse MLA attention") -> None:
     if not cond:
-        raise DsactlError(f"{who}: {message}")
+        raise KernelInputError(f"{who}: {message}")
 
 
 def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple, device: torch.device,
@@ -671,7 +671,7 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
                  attn_sink, heads_served: tuple[int, ...] = HEADS, who: str = "sparse MLA attention"
                  ) -> tuple[int, int, int, bool]:
     """The operator's contract on the host, for every kernel that implements it:
-    (num_tokens, heads, topk, fp8kv), or a DsactlError that starts with `who`."""
+    (num_tokens, heads, topk, fp8kv), or a KernelInputError that starts with `who`."""
     _check(isinstance(q_nope, torch.Tensor) and q_nope.dim() == 3, "q_nope must be a [T, H, 512] tensor", who)
     device = q_nope.device
     num_tokens, heads, _ = q_nope.shape

@@ -17,9 +17,9 @@ import torch
 import triton
 import triton.language as tl
 
-from dsactl.definitions.indexer import NEXT_NS, TOPKS
-from dsactl.errors import DsactlError
-from dsactl.fp8 import PAGE_SIZE
+from ..errors import KernelInputError
+from ..fp8 import PAGE_SIZE
+from .shapes import NEXT_NS, TOPKS
 
 # Output slots per program: 2048-wide rows take two programs, so B * N * 2 programs cover
 # the contest's batches of 1-31 in one wave on 132 SMs.
@@ -45,16 +45,17 @@ def indexer_passthrough_kernel(seq_lens_ptr, block_table_ptr, out_ptr, bt_stride
 def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, next_n: int) -> None:
     """Write the structural top-k of every row (module docstring); one launch, no host sync."""
     if out.dtype != torch.int32 or out.dim() != 2 or not out.is_contiguous():
-        raise DsactlError(f"passthrough output must be contiguous int32 [rows, topk], got {out.dtype} {list(out.shape)}")
+        raise KernelInputError(f"passthrough output must be contiguous int32 [rows, topk], "
+                               f"got {out.dtype} {list(out.shape)}")
     rows, topk = out.shape
     batch = seq_lens.shape[0]
     if rows != batch * next_n:
-        raise DsactlError(f"passthrough output has {rows} rows, expected {batch} x next_n {next_n}")
+        raise KernelInputError(f"passthrough output has {rows} rows, expected {batch} x next_n {next_n}")
     if block_table.shape[1] * PAGE_SIZE > topk:
-        raise DsactlError(f"passthrough needs max_num_pages * {PAGE_SIZE} <= topk, got "
+        raise KernelInputError(f"passthrough needs max_num_pages * {PAGE_SIZE} <= topk, got "
                           f"{block_table.shape[1]} pages for topk {topk}")
     if block_table.stride(1) != 1:
-        raise DsactlError("block_table must have unit column stride")
+        raise KernelInputError("block_table must have unit column stride")
     if rows == 0:
         return
     indexer_passthrough_kernel[(rows, triton.cdiv(topk, BLOCK))](

@@ -5,7 +5,7 @@ sizes the split per shape.
 Contract (B requests, N = next_n query tokens per request, H heads, S = max_num_pages * 64):
   q        float8_e4m3fn [B, N, H, 128] contiguous ([B, H, 128] when N = 1)
   cache    int8 [num_pages, 64, 1, 132]: per 8448-byte page, 64 x 128 e4m3 key bytes, then
-           64 fp32 per-token scales (dsactl.fp8). Read in place through the block table.
+           64 fp32 per-token scales (kernels/fp8.py). Read in place through the block table.
   weights  float32 [B, N, H] contiguous (q scale and softmax scale already folded in)
   seq_lens int32 [B]; block_table int32 [B, max_num_pages] (entries past a row's pages may be garbage)
   scores   float32 [B * N, >= S], unit column stride           (written)
@@ -37,12 +37,11 @@ import torch
 import triton
 import triton.language as tl
 
-from dsactl.definitions import indexer as indexer_definition
-from dsactl.errors import DsactlError
-from dsactl.fp8 import INDEX_HEAD_DIM, INDEX_PAGE_BYTES, INDEX_SCALE_OFFSET, PAGE_SIZE
+from ..errors import KernelInputError
+from ..fp8 import INDEX_HEAD_DIM, INDEX_PAGE_BYTES, INDEX_SCALE_OFFSET, PAGE_SIZE
+from .shapes import HEADS, NEXT_NS
 
-HEADS = indexer_definition.HEADS
-MAX_NEXT_N = max(indexer_definition.NEXT_NS)
+MAX_NEXT_N = max(NEXT_NS)
 
 
 @triton.jit
@@ -152,14 +151,14 @@ NUM_STAGES = 3
 # 64 x 131072: 317 us against 439 us).
 PROGRAMS_PER_SM = 4
 # Fewest steps per program. One: short rows are latency-bound, and more programs of one step
-# each beat fewer of two (H200, scoring alone, CUPTI, cold L2, profiles/h200/indexer/sweep.csv:
+# each beat fewer of two (H200, scoring alone, CUPTI, cold L2:
 # 1 x 4096 2.50 us against 3.23 at two; contest-indexer-080 2.62 against 3.30; within 1% on
 # every long shape). A one-step program kernel with every load issued up front (no loop) was
 # slower than this on every short shape measured (e.g. 1 x 4096 2.66 us, contest-indexer-100
 # 4.51 against 3.20), so one kernel serves every shape.
 MIN_STEPS_PER_PROGRAM = 1
 # Large calls (batch x max_len keys at least LARGE_KEYS) are pure streaming: a deeper pipeline
-# with fewer programs per SM keeps more bytes in flight per program. Measured (sweep.csv):
+# with fewer programs per SM keeps more bytes in flight per program. Measured (H200):
 # 64 x 32768 75.6 us against 81.4, 64 x 131072 286 against 310, 128 x 131072 562 against 609;
 # but slower below (8 x 32768 12.5 against 11.2, 1 x 131072 7.7 against 6.8).
 LARGE_KEYS = 64 * 32768
@@ -236,41 +235,41 @@ def query_shape(q: torch.Tensor) -> tuple[int, int, int]:
         return q.shape[0], 1, q.shape[1]
     if q.dim() == 4:
         return q.shape[0], q.shape[1], q.shape[2]
-    raise DsactlError(f"indexer q must be [B, H, 128] or [B, next_n, H, 128], got {list(q.shape)}")
+    raise KernelInputError(f"indexer q must be [B, H, 128] or [B, next_n, H, 128], got {list(q.shape)}")
 
 
 def _check(q, cache, weights, seq_lens, block_table, scores, lengths) -> tuple[int, int, int]:
     batch, next_n, heads = query_shape(q)
     if q.dtype != torch.float8_e4m3fn or q.shape[-1] != INDEX_HEAD_DIM or not q.is_contiguous():
-        raise DsactlError(f"indexer q must be contiguous float8_e4m3fn [..., {INDEX_HEAD_DIM}], "
+        raise KernelInputError(f"indexer q must be contiguous float8_e4m3fn [..., {INDEX_HEAD_DIM}], "
                           f"got {q.dtype} {list(q.shape)}")
     if heads not in HEADS:
-        raise DsactlError(f"indexer heads must be one of {HEADS}, got {heads}")
+        raise KernelInputError(f"indexer heads must be one of {HEADS}, got {heads}")
     if not 1 <= next_n <= MAX_NEXT_N:
-        raise DsactlError(f"indexer next_n must be 1..{MAX_NEXT_N}, got {next_n}")
+        raise KernelInputError(f"indexer next_n must be 1..{MAX_NEXT_N}, got {next_n}")
     if cache.dtype != torch.int8 or cache.dim() != 4 or cache.shape[1:] != (PAGE_SIZE, 1, INDEX_PAGE_BYTES // PAGE_SIZE) \
             or not cache.is_contiguous():
-        raise DsactlError(f"indexer k cache must be contiguous int8 [num_pages, {PAGE_SIZE}, 1, "
+        raise KernelInputError(f"indexer k cache must be contiguous int8 [num_pages, {PAGE_SIZE}, 1, "
                           f"{INDEX_PAGE_BYTES // PAGE_SIZE}], got {cache.dtype} {list(cache.shape)}")
     if weights.dtype != torch.float32 or weights.numel() != batch * next_n * heads or not weights.is_contiguous():
-        raise DsactlError(f"indexer weights must be contiguous float32 with {batch}x{next_n}x{heads} values, "
+        raise KernelInputError(f"indexer weights must be contiguous float32 with {batch}x{next_n}x{heads} values, "
                           f"got {weights.dtype} {list(weights.shape)}")
     if seq_lens.dtype != torch.int32 or seq_lens.shape != (batch,):
-        raise DsactlError(f"seq_lens must be int32 [{batch}], got {seq_lens.dtype} {list(seq_lens.shape)}")
+        raise KernelInputError(f"seq_lens must be int32 [{batch}], got {seq_lens.dtype} {list(seq_lens.shape)}")
     if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch \
             or block_table.stride(1) != 1:
-        raise DsactlError(f"block_table must be int32 [{batch}, max_num_pages] with unit column stride, "
+        raise KernelInputError(f"block_table must be int32 [{batch}, max_num_pages] with unit column stride, "
                           f"got {block_table.dtype} {list(block_table.shape)}")
     max_len = block_table.shape[1] * PAGE_SIZE
     if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[0] != batch * next_n \
             or scores.shape[1] < max_len or scores.stride(1) != 1:
-        raise DsactlError(f"scores must be float32 [{batch * next_n}, >= {max_len}] with unit column stride, "
+        raise KernelInputError(f"scores must be float32 [{batch * next_n}, >= {max_len}] with unit column stride, "
                           f"got {scores.dtype} {list(scores.shape)}")
     if lengths.dtype != torch.int32 or lengths.shape != (batch * next_n,):
-        raise DsactlError(f"lengths must be int32 [{batch * next_n}], got {lengths.dtype} {list(lengths.shape)}")
+        raise KernelInputError(f"lengths must be int32 [{batch * next_n}], got {lengths.dtype} {list(lengths.shape)}")
     devices = {t.device for t in (q, cache, weights, seq_lens, block_table, scores, lengths)}
     if len(devices) != 1:
-        raise DsactlError(f"indexer tensors must share one device, got {sorted(map(str, devices))}")
+        raise KernelInputError(f"indexer tensors must share one device, got {sorted(map(str, devices))}")
     return batch, next_n, heads
 
 
@@ -286,7 +285,7 @@ def score(q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, seq_lens:
         return
     cfg = config or choose_config(batch, next_n, heads, max_len, _num_sms(q.device))
     if cfg.tokens_per_program % cfg.block_n or cfg.block_n % PAGE_SIZE or cfg.splits * cfg.tokens_per_program < max_len:
-        raise DsactlError(f"indexer score config {cfg} does not tile rows of {max_len} tokens")
+        raise KernelInputError(f"indexer score config {cfg} does not tile rows of {max_len} tokens")
     indexer_score_kernel[(batch, cfg.splits)](
         q, cache.view(torch.float8_e4m3fn), cache.view(torch.float32), weights, seq_lens, block_table, scores, lengths,
         block_table.stride(0), scores.stride(0), cfg.tokens_per_program, skip_len,

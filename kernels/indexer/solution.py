@@ -10,7 +10,7 @@ Two launches at most, no host sync:
   structural mapping alone (passthrough.py), no key is read;
 - otherwise the scoring kernel (score.py) writes fp32 scores and each row's visible length
   into scratch allocated per call, skipping requests whose rows all fit in topk, and the exact CUDA
-  top-k (dsactl.kernels.topk, library `topk` from `dsactl build`) selects and translates per
+  top-k (kernels/topk, CUDA library `topk`) selects and translates per
   row; a row that fits keeps all its tokens, so its unwritten scores never decide anything.
 """
 
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import torch
 
-from dsactl.errors import DsactlError
-from dsactl.fp8 import PAGE_SIZE
-from dsactl.kernels.indexer.passthrough import passthrough
-from dsactl.kernels.indexer.score import query_shape, score
-from dsactl.kernels.topk.launcher import topk_page_transform
+from ..errors import KernelInputError
+from ..fp8 import PAGE_SIZE
+from ..topk.launcher import topk_page_transform
+from .passthrough import passthrough
+from .score import query_shape, score
 
 
 # arange(rows) // next_n per next_n, grown on demand to powers of two. A tensor handed out is never
@@ -44,7 +44,7 @@ def dsa_topk_indexer(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor,
     topk = topk_indices.shape[-1]
     if topk_indices.dtype != torch.int32 or topk_indices.numel() != batch * next_n * topk \
             or not topk_indices.is_contiguous():
-        raise DsactlError(f"topk_indices must be contiguous int32 [{batch}, {next_n}, topk], "
+        raise KernelInputError(f"topk_indices must be contiguous int32 [{batch}, {next_n}, topk], "
                           f"got {topk_indices.dtype} {list(topk_indices.shape)}")
     out = topk_indices.view(batch * next_n, topk)
     max_len = block_table.shape[1] * PAGE_SIZE

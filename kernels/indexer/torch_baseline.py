@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import torch
 
-from dsactl.fp8 import INDEX_HEAD_DIM, INDEX_PAGE_BYTES, INDEX_SCALE_OFFSET, PAGE_SIZE
-from dsactl.kernels.indexer.score import query_shape
+from ..fp8 import INDEX_HEAD_DIM, INDEX_PAGE_BYTES, INDEX_SCALE_OFFSET, PAGE_SIZE
+from .score import query_shape
 
 
 def dsa_topk_indexer_torch(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:

@@ -22,7 +22,8 @@ from functools import lru_cache
 
 import torch
 
-from dsactl.errors import DsactlError
+from ..cuda_library import load_library
+from ..errors import KernelBuildError, KernelError, KernelInputError
 
 LIBRARY = "topk"
 MAX_TOPK = 2048
@@ -31,8 +32,6 @@ _DTYPE_CODES = {torch.float32: 0, torch.bfloat16: 1}
 
 @lru_cache(maxsize=None)
 def _library() -> ctypes.CDLL:
-    from dsactl.build.runtime import load_library
-
     return bind(load_library(LIBRARY))
 
 
@@ -52,7 +51,8 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dsa_topk_error_string.argtypes = [ctypes.c_int]
     lib.dsa_topk_max_topk.restype = ctypes.c_int
     if lib.dsa_topk_max_topk() != MAX_TOPK:
-        raise DsactlError(f"lib{LIBRARY}.so was built with a different top-k limit: rebuild it with `dsactl build`")
+        raise KernelBuildError(f"lib{LIBRARY}.so was built with a different top-k limit: "
+                               "rebuild it with `dsactl build`")
     lib.dsa_topk_launch_plan.restype = ctypes.c_int
     lib.dsa_topk_launch_plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,  # dtype, rows, max_len
                                          ctypes.POINTER(ctypes.c_int)]  # out: 0 (row kernel) or cluster size
@@ -61,46 +61,46 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 def _check_matrix(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], device: torch.device) -> None:
     if not isinstance(t, torch.Tensor):
-        raise DsactlError(f"top-k: {name} must be a tensor, got {type(t).__name__}")
+        raise KernelInputError(f"top-k: {name} must be a tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
         want = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise DsactlError(f"top-k: {name} must be {want}, got {str(t.dtype).removeprefix('torch.')}")
+        raise KernelInputError(f"top-k: {name} must be {want}, got {str(t.dtype).removeprefix('torch.')}")
     if t.device != device:
-        raise DsactlError(f"top-k: {name} is on {t.device}, scores on {device}")
+        raise KernelInputError(f"top-k: {name} is on {t.device}, scores on {device}")
     if t.dim() != 2:
-        raise DsactlError(f"top-k: {name} must be 2-D, got shape {list(t.shape)}")
+        raise KernelInputError(f"top-k: {name} must be 2-D, got shape {list(t.shape)}")
     if t.shape[1] > 1 and t.stride(1) != 1:
-        raise DsactlError(f"top-k: {name} rows must be contiguous (stride(1) == 1), got strides {t.stride()}")
+        raise KernelInputError(f"top-k: {name} rows must be contiguous (stride(1) == 1), got strides {t.stride()}")
 
 
 def _check_vector(name: str, t: torch.Tensor, rows: int, device: torch.device) -> None:
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != 1 or t.shape[0] != rows:
         got = f"{t.dtype} {list(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
-        raise DsactlError(f"top-k: {name} must be int32 [{rows}], got {got}")
+        raise KernelInputError(f"top-k: {name} must be int32 [{rows}], got {got}")
     if t.device != device:
-        raise DsactlError(f"top-k: {name} is on {t.device}, scores on {device}")
+        raise KernelInputError(f"top-k: {name} is on {t.device}, scores on {device}")
     if rows > 1 and t.stride(0) != 1:
-        raise DsactlError(f"top-k: {name} must be contiguous")
+        raise KernelInputError(f"top-k: {name} must be contiguous")
 
 
 def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
                         row_to_batch: torch.Tensor | None, out: torch.Tensor, topk: int) -> None:
     """Write the exact top-k of every row, translated to physical ids (module docstring)."""
     if not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
-        raise DsactlError(f"top-k: topk must be an integer in [1, {MAX_TOPK}], got {topk!r}")
+        raise KernelInputError(f"top-k: topk must be an integer in [1, {MAX_TOPK}], got {topk!r}")
     if not isinstance(scores, torch.Tensor) or scores.device.type != "cuda":
-        raise DsactlError("top-k: scores must be a CUDA tensor")
+        raise KernelInputError("top-k: scores must be a CUDA tensor")
     device = scores.device
     _check_matrix("scores", scores, tuple(_DTYPE_CODES), device)
     _check_matrix("block_table", block_table, (torch.int32,), device)
     _check_matrix("out", out, (torch.int32,), device)
     rows, max_len = scores.shape
     if tuple(out.shape) != (rows, topk):
-        raise DsactlError(f"top-k: out must be [{rows}, {topk}] (rows, topk), got {list(out.shape)}")
+        raise KernelInputError(f"top-k: out must be [{rows}, {topk}] (rows, topk), got {list(out.shape)}")
     _check_vector("lengths", lengths, rows, device)
     if row_to_batch is None:
         if block_table.shape[0] < rows:
-            raise DsactlError(
+            raise KernelInputError(
                 f"top-k: without row_to_batch row r uses block_table row r, but block_table has "
                 f"{block_table.shape[0]} rows for {rows} score rows"
             )
@@ -120,19 +120,19 @@ def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table
             torch.cuda.current_stream(device).cuda_stream,
         )
     if code != 0:
-        raise DsactlError(f"top-k kernel launch failed: {lib.dsa_topk_error_string(code).decode()} (code {code})")
+        raise KernelError(f"top-k kernel launch failed: {lib.dsa_topk_error_string(code).decode()} (code {code})")
 
 
 def launch_plan(dtype: torch.dtype, rows: int, max_len: int) -> int:
     """Which kernel a call with these shapes launches on the current CUDA device: 0 for the
     register-resident row kernel (max_len <= 8192), else the cluster kernel's CTAs per row."""
     if dtype not in _DTYPE_CODES:
-        raise DsactlError(f"top-k: scores dtype must be float32 or bfloat16, got {dtype}")
+        raise KernelInputError(f"top-k: scores dtype must be float32 or bfloat16, got {dtype}")
     lib = _library()
     cluster_size = ctypes.c_int(-1)
     code = lib.dsa_topk_launch_plan(_DTYPE_CODES[dtype], rows, max_len, ctypes.byref(cluster_size))
     if code != 0:
-        raise DsactlError(f"top-k launch plan failed: {lib.dsa_topk_error_string(code).decode()} (code {code})")
+        raise KernelError(f"top-k launch plan failed: {lib.dsa_topk_error_string(code).decode()} (code {code})")
     return cluster_size.value
 
 
@@ -141,5 +141,5 @@ def dsa_topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_t
     """Solution entry for dsa_topk_page_transform_topk{K}_ps64[_bf16]: the definition's
     signature (inputs, then the preallocated output); k is the output's width."""
     if not isinstance(topk_indices, torch.Tensor) or topk_indices.dim() != 2:
-        raise DsactlError("top-k: topk_indices must be a 2-D int32 tensor [num_rows, topk]")
+        raise KernelInputError("top-k: topk_indices must be a 2-D int32 tensor [num_rows, topk]")
     topk_page_transform(scores, lengths, block_table, row_to_batch, topk_indices, int(topk_indices.shape[1]))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch
 
-from dsactl.fp8 import PAGE_SIZE
+from ..fp8 import PAGE_SIZE
 
 DIGIT_BITS = 11
 BINS = 1 << DIGIT_BITS

@@ -1,6 +1,6 @@
 """Vectorized PyTorch top-k + page-table translation: bench's torch baseline.
 
-Contract: dsa_topk_page_transform_topk{K}_ps64[_bf16] (dsactl/definitions/topk.py).
+Contract: dsa_topk_page_transform_topk{K}_ps64[_bf16] (docs/design.md, Contracts).
 scores [num_rows, max_len] fp32/bf16, lengths/row_to_batch [num_rows] int32,
 block_table [batch, max_num_pages] int32 -> topk_indices [num_rows, K] int32:
 physical ids of the top min(K, length) valid scores, -1 padded.
@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from dsactl.errors import DsactlError
-from dsactl.fp8 import PAGE_SIZE
+from ..errors import KernelInputError
+from ..fp8 import PAGE_SIZE
 
 # Below every float32 (whose lowest finite value is about -3.4e38), ordered:
 NEG_INF_KEY = -1e300  # a valid -inf score
@@ -28,7 +28,7 @@ def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table
     num_rows, max_len = scores.shape
     topk = topk_indices.shape[1]
     if topk_indices.shape[0] != num_rows:
-        raise DsactlError(f"topk_indices has {topk_indices.shape[0]} rows, scores {num_rows}")
+        raise KernelInputError(f"topk_indices has {topk_indices.shape[0]} rows, scores {num_rows}")
     key = scores.double()
     key = torch.where(key == float("-inf"), NEG_INF_KEY, key)
     key = torch.where(torch.isnan(key), NAN_KEY, key)
