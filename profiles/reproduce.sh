@@ -14,8 +14,10 @@
 #              FP8 KV), with FlashMLA's sparse decode in the same run when it imports (below)
 #   indexer    indexer.csv/.json + PNGs: the indexer at batch 1-128 x context 4K-128K
 #   topk       topk.csv/.json + PNGs: top-k with page translation, rows 1-128 x lengths 2K-128K
-#   ncu        ncu/: Nsight Compute tables and roofline of one workload per kernel family; the reports
-#              themselves become the CPU tests' fixtures (tests/fixtures/ncu/<family>.ncu-rep)
+#   ncu        Nsight Compute reports of one workload per kernel family, kept as the CPU tests' fixtures
+#              (tests/fixtures/ncu/<family>.ncu-rep), then ncu-tables
+#   ncu-tables ncu/<family>/: the reports' tables, roofline and utilisation charts (dsactl profile --import;
+#              needs no GPU, so it also runs where the GPU machine's ncu-report cannot read them)
 #   readme     README.md's result tables rewritten from the CSVs above (python3 -m dsactl.results)
 #
 # FlashMLA (the `-b flashmla` baseline) is built from source when .baselines/FlashMLA holds its repository
@@ -25,8 +27,9 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 DSACTL=(python3 -m dsactl)
-GPU=$(python3 -c "import torch; from dsactl.device import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))") ||
-  { echo "reproduce.sh: no CUDA GPU is visible" >&2; exit 2; }
+# The folder is named for this machine's GPU; GPU=h200 names it on a machine without one (area ncu-tables).
+GPU=${GPU:-$(python3 -c "import torch; from dsactl.device import gpu_slug; print(gpu_slug(torch.cuda.get_device_name()))")} ||
+  { echo "reproduce.sh: no CUDA GPU is visible (set GPU=<name> for the areas that need none)" >&2; exit 2; }
 DIR=profiles/$GPU
 mkdir -p "$DIR"
 AREAS=("$@")
@@ -74,8 +77,13 @@ for area in "${AREAS[@]}"; do
       for pick in indexer:dsactl-indexer:contest-indexer-100 topk:dsactl-topk:scale-topk-r8-len32768-fp32 \
                   attention:dsactl-attention:contest-attention-004; do
         IFS=: read -r family solution workload <<<"$pick"
-        "${DSACTL[@]}" profile --ncu roofline --suite all --solution "$solution" -w "$workload" -o "$DIR/ncu/$family" &&
-          mv "$DIR/ncu/$family/$solution.ncu-rep" "tests/fixtures/ncu/$family.ncu-rep"
+        "${DSACTL[@]}" profile --ncu roofline --suite all --solution "$solution" -w "$workload" -o "/tmp/ncu-$family"
+        mv "/tmp/ncu-$family/$solution.ncu-rep" "tests/fixtures/ncu/$family.ncu-rep" || echo "reproduce.sh: no $family report" >&2
+      done
+      "$0" ncu-tables ;;
+    ncu-tables)
+      for report in tests/fixtures/ncu/*.ncu-rep; do
+        "${DSACTL[@]}" profile --import "$report" -o "$DIR/ncu/$(basename "$report" .ncu-rep)" || echo "reproduce.sh: cannot read $report" >&2
       done ;;
     readme) python3 -m dsactl.results --write README.md ;;
     *) echo "reproduce.sh: unknown area $area" >&2; exit 2 ;;

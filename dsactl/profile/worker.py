@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from dsactl.errors import DsactlError
+from dsactl.errors import USER_ERRORS
 from dsactl.profile.collect import NVTX_RANGE, SKIP_PREFIX, Selection, plan, range_name
 
 
@@ -25,7 +25,7 @@ def profile_calls(selection: Selection, seed: int) -> None:
         try:
             call = harness.prepare(w, "cuda", seed)
             harness.run(fn, call)
-        except DsactlError as e:
+        except USER_ERRORS as e:
             print(f"{SKIP_PREFIX} {w.uuid}: {e}", flush=True)
             continue
         harness.poison(call.outputs)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     selection, seed = parse_args(argv)
     try:
         profile_calls(selection, seed)
-    except DsactlError as e:
+    except USER_ERRORS as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
