@@ -23,7 +23,7 @@ from dsactl.kernels.topk import torch_baseline as topk_torch
 from dsactl.workloads import Workload, make_inputs, suite
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-ATOL = RTOL = 1e-2  # the contest's rule (DESIGN.md section 2)
+ATOL = RTOL = 1e-2  # the contest's rule (docs/design.md, Contracts)
 
 
 def indexer_name(heads=64, topk=2048, next_n=1):

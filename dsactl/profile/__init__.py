@@ -47,7 +47,7 @@ def analyze_in_child(reports: list[Path], out_dir: Path, command: str) -> Analys
     """analyze() in a fresh Python without torch, then the written tables read back.
 
     Right after a collection the reports are read with the ncu_report module that
-    ships with ncu; on the H200 image loading it into a process that holds torch and
+    ships with ncu; on a GPU machine (ncu 2025.3, torch 2.11) loading it into a process that holds torch and
     CUDA crashed (SIGSEGV) after the reports were written. A crash in the child
     loses nothing: the error names the reports and how to read them elsewhere.
     """

@@ -287,6 +287,28 @@ def _load_q_groups(q_nope_ptr, q_pe_ptr, t, heads, c, r, stride_qn_t, stride_qn_
     return q0, q1, q2, q3, q_pe
 
 
+@triton.jit
+def _fp8_program(HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, ROW_PAD: tl.constexpr):
+    """What both FP8 kernels assume, checked, and where a program sits: (split, token, its heads [BLOCK_H],
+    a scale group's columns [128], the rope columns [64])."""
+    tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
+    tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
+    tl.static_assert(_NUM_SCALES == 4 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
+                     "the kernel spells out 4 scale groups that tile the 512 ckv values")
+    tl.static_assert(_TOKEN_BYTES % 16 == 0, "FP8 tokens start 16-byte aligned")
+    tl.static_assert(ROW_PAD % BLOCK_N == 0, "a tile inside the loop must not run past the split's ids")
+    heads = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)  # axis 0 fastest: head groups share rows in L2
+    return tl.program_id(1), tl.program_id(2), heads, tl.arange(0, _SCALE_GROUP), tl.arange(0, _D_KPE)
+
+
+@triton.jit
+def _fp8_state(BLOCK_H: tl.constexpr):
+    """An empty online softmax of the FP8 kernels: row maxima, row sums, one accumulator per scale group."""
+    return (tl.full([BLOCK_H], float("-inf"), tl.float32), tl.zeros([BLOCK_H], tl.float32),
+            tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32), tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32),
+            tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32), tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32))
+
+
 @triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
 def _sparse_mla_fp8_kernel(
     q_nope_ptr, q_pe_ptr, kv_ptr, unused_ptr, indices_ptr, topk_length_ptr, sink_ptr,
@@ -302,31 +324,15 @@ def _sparse_mla_fp8_kernel(
     undequantized and each group's fp32 scale multiplies its part of the logits and of p instead:
     the result equals fp32 dequantization up to the rounding of p, as in the bf16 path (rounding
     dequantized values to bf16 instead fails the contest tolerance on peaked rows)."""
-    tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
-    tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
-    tl.static_assert(_NUM_SCALES == 4 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
-                     "the kernel spells out 4 scale groups that tile the 512 ckv values")
-    tl.static_assert(_TOKEN_BYTES % 16 == 0, "FP8 tokens start 16-byte aligned")
-    tl.static_assert(ROW_PAD % BLOCK_N == 0, "a tile inside the loop must not run past the split's ids")
-    group = tl.program_id(0)
-    split = tl.program_id(1)
-    t = tl.program_id(2)
+    split, t, heads, c, r = _fp8_program(HEADS, BLOCK_H, BLOCK_N, ROW_PAD)
     dot_dtype: tl.constexpr = tl.float32 if UPCAST_DOT else tl.bfloat16
 
-    heads = group * BLOCK_H + tl.arange(0, BLOCK_H)
-    c = tl.arange(0, _SCALE_GROUP)
-    r = tl.arange(0, _D_KPE)
     q0, q1, q2, q3, q_pe = _load_q_groups(q_nope_ptr, q_pe_ptr, t, heads, c, r, stride_qn_t, stride_qn_h,
                                           stride_qp_t, stride_qp_h, dot_dtype)
     n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
     ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, ROW_PAD)
 
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc0 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
-    acc1 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
-    acc2 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
-    acc3 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
+    m_i, l_i, acc0, acc1, acc2, acc3 = _fp8_state(BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
     # With mma.sync tiles Triton's pipeliner does not prefetch a load that reaches tl.dot through a
     # conversion, so the next tile's bytes are loaded into registers by hand while this one computes.
@@ -392,20 +398,10 @@ def _sparse_mla_fp8_f16_kernel(
     both undone in fp32 on the logits and the token's shift on its p before the fp16 rounding (exact up to
     token values of 2^31). Per group, not one [N, 512] tile: the whole tile's fp32 values beside the
     accumulator spilled 364 bytes (Triton 3.6, sm_90a)."""
-    tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
-    tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
-    tl.static_assert(_NUM_SCALES == 4 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
-                     "the kernel spells out 4 scale groups that tile the 512 ckv values")
-    tl.static_assert(ROW_PAD % BLOCK_N == 0, "a tile inside the loop must not run past the split's ids")
-    group = tl.program_id(0)
-    split = tl.program_id(1)
-    t = tl.program_id(2)
+    split, t, heads, c, r = _fp8_program(HEADS, BLOCK_H, BLOCK_N, ROW_PAD)
     # Rounded to fp16 in any case (the interpreter, whose bf16 dot is wrong, then multiplies in fp32).
     dot_dtype: tl.constexpr = tl.float32 if UPCAST_DOT else tl.float16
 
-    heads = group * BLOCK_H + tl.arange(0, BLOCK_H)
-    r = tl.arange(0, _D_KPE)
-    c = tl.arange(0, _SCALE_GROUP)
     q0, q1, q2, q3, q_pe = _load_q_groups(q_nope_ptr, q_pe_ptr, t, heads, c, r, stride_qn_t, stride_qn_h,
                                           stride_qp_t, stride_qp_h, tl.float32)
     q_max = tl.maximum(tl.maximum(tl.max(tl.abs(q0), 1), tl.max(tl.abs(q1), 1)),
@@ -422,12 +418,7 @@ def _sparse_mla_fp8_f16_kernel(
     n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
     ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, ROW_PAD)
 
-    m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_H], tl.float32)
-    acc0 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
-    acc1 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
-    acc2 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
-    acc3 = tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32)
+    m_i, l_i, acc0, acc1, acc2, acc3 = _fp8_state(BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
     for start in range(0, n_mine, BLOCK_N):
         valid, tok, e_ptr = _fp8_tokens(kv_ptr, _tile_ids(ids, start, offs_n, ROW_PAD), c)
