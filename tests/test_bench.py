@@ -1,4 +1,6 @@
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -383,6 +385,39 @@ def test_auto_timing_skips_a_method_whose_self_check_is_off(monkeypatch):
     reads["torch-profiler"] = 300.0
     method, off, rejected = runner.checked_method(None, None, None, self_check=check)
     assert method == "cupti" and not off.ok and [r.method for r in rejected] == ["torch-profiler"]
+
+
+def _bench_cli(*args):
+    return CliRunner().invoke(app, ["bench", "--suite", "edge", "-d", TOPK_DEF, "-w", "edge-topk-len65", *args])
+
+
+def test_an_unknown_timing_method_fails_at_once_naming_the_valid_ones():
+    done = subprocess.run([sys.executable, "-m", "dsactl", "bench", "--no-save", "--method", "bogus"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "error: unknown timing method 'bogus'; choose auto, cupti, torch-profiler, cuda-graph\n"
+
+
+def test_unusable_output_paths_fail_before_timing(tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("")
+    r = _bench_cli("--csv", str(tmp_path))
+    assert isinstance(r.exception, DsactlError) and str(r.exception) == f"cannot write {tmp_path}: it is a directory"
+    r = _bench_cli("--json", str(tmp_path / "a_file" / "b.json"))
+    assert str(r.exception) == f"cannot write {tmp_path / 'a_file' / 'b.json'}: {tmp_path / 'a_file'} is not a directory"
+    report.check_writable(tmp_path / "new" / "deeper" / "b.csv")  # missing folders are created on write
+    monkeypatch.setattr(report.os, "access", lambda path, mode: False)
+    with pytest.raises(DsactlError, match=f"^cannot write .*: {tmp_path} is not writable$"):
+        report.check_writable(tmp_path / "b.csv")
+
+
+def test_settings_are_checked_before_any_gpu_is_needed():
+    for bad, message in ((Settings(iters=0), "iters must be at least 1, got 0"),
+                         (Settings(warmup=-1), "warmup must be at least 0, got -1"),
+                         (Settings(baselines=["nope"]), "unknown baseline 'nope'"),
+                         (Settings(solutions=["nope"]), "unknown solution 'nope'")):
+        with pytest.raises(DsactlError, match=message):
+            runner.check_settings(bad)
+    assert "unknown baseline 'nope'" in str(_bench_cli("-b", "nope").exception)
 
 
 def test_bench_without_a_gpu_is_a_clear_error():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -30,6 +31,21 @@ _FLOAT = {"median_us", "min_us", "max_us", "spread_us"}
 _OPTIONAL_FLOAT = {"speedup", "gbps", "tflops", "pct_peak_bw", "pct_peak_flops"}
 _LIST = {"trial_medians_us"}
 LIST_SEPARATOR = ";"
+
+
+def check_writable(path: str | Path) -> None:
+    """Raise DsactlError unless a file can be written at path: not a directory, and its
+    nearest existing ancestor a directory this process may write into (mkdir makes the rest)."""
+    path = Path(path)
+    if path.is_dir():
+        raise DsactlError(f"cannot write {path}: it is a directory")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise DsactlError(f"cannot write {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DsactlError(f"cannot write {path}: {parent} is not writable")
 
 
 def default_stem(source: str, definition: str | None, solutions: list[str] | None) -> str:

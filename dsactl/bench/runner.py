@@ -40,6 +40,17 @@ class Settings:
     solutions: list[str] | None = None  # None: every registered solution serving the definition
 
 
+def check_settings(settings: Settings) -> None:
+    """Raise DsactlError on the first invalid setting; needs no GPU, so a run fails before it starts."""
+    for name, low in (("warmup", 0), ("iters", 1), ("trials", 1)):
+        if getattr(settings, name) < low:
+            raise DsactlError(f"{name} must be at least {low}, got {getattr(settings, name)}")
+    timing.check_method(settings.method)
+    check_solution_names(settings.solutions)
+    if settings.baselines is not None:
+        baselines.check_names(settings.baselines)
+
+
 @dataclass
 class Result:
     """One row: a contender on a workload."""
@@ -277,11 +288,9 @@ def bench(workloads: Sequence[Workload], settings: Settings, command: str,
 
     from dsactl.bench import peaks as peaks_mod
 
+    check_settings(settings)
     if not torch.cuda.is_available():
         raise DsactlError("bench needs a CUDA GPU (torch sees none)")
-    check_solution_names(settings.solutions)
-    if settings.baselines is not None:
-        baselines.check_names(settings.baselines)
     flusher = timing.L2Flusher()
     peaks = peaks_mod.load_or_measure()
     method, check, rejected = checked_method(settings.method, peaks, flusher)
