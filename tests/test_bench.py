@@ -1,6 +1,7 @@
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,7 +11,7 @@ from dsactl import workloads
 from dsactl.bench import baselines, compare, metrics, plot, report, runner, timing
 from dsactl.bench.runner import BenchRun, Result, Settings
 from dsactl.cli import app
-from dsactl.definitions import CONTEST, get
+from dsactl.definitions import CONTEST, CONTEST_INDEXER, get
 from dsactl.definitions.topk import rank_key
 from dsactl.errors import DsactlError
 from dsactl.fp8 import PAGE_SIZE
@@ -26,7 +27,7 @@ def _result(solution="s", workload="w", median=10.0, trial_medians=(10.0, 10.0),
                   axes="num_rows=3 max_len=5", method="torch-profiler", iters=50, trials=len(trial_medians),
                   median_us=median, min_us=median * 0.9, max_us=median * 1.2,
                   spread_us=max(trial_medians) - min(trial_medians), trial_medians_us=list(trial_medians),
-                  size=size, bytes=4096, flops=0, speedup=speedup, gbps=409.6, pct_peak_bw=9.5, active_sms=None)
+                  size=size, needed_bytes=4096, needed_flops=None, speedup=speedup, gbps=409.6, pct_copy_bw=9.5)
 
 
 # --- statistics and CUPTI record correlation -------------------------------------------------
@@ -180,13 +181,54 @@ def test_csv_round_trip_keeps_header_and_rows(tmp_path):
     assert back.results == run_.results
 
 
+# torch-topk in _run(): 30 us at 30x, 95 us at 20x.
+SCORE = {"solution": "torch-topk", "definition": TOPK_DEF, "workloads": 2, "mean_latency_us": 62.5,
+         "arith_mean_speedup": 25.0, "geo_mean_speedup": pytest.approx(600 ** 0.5)}
+
+
+def test_csv_names_its_columns_and_carries_the_scores(tmp_path):
+    text = report.write_csv(tmp_path / "bench.csv", _run()).read_text()
+    header = next(line for line in text.splitlines() if not line.startswith("#"))
+    assert header.split(",") == [
+        "solution", "kind", "definition", "workload", "label", "axes", "method", "iters", "trials",
+        "median_us", "min_us", "max_us", "spread_us", "trial_medians_us", "size", "needed_bytes", "needed_flops",
+        "speedup", "gbps", "pct_copy_bw", "tflops", "pct_bf16_peak", "active_sms"]
+    (scores,) = [line for line in text.splitlines() if line.startswith("# scores: ")]
+    assert json.loads(scores.removeprefix("# scores: ")) == [SCORE]
+    row = next(r for r in text.splitlines() if r.startswith("torch-topk,"))
+    assert ",4096,," in row  # needed_flops of a top-k: an empty cell, not 0
+
+
 def test_json_round_trip_adds_scores_and_skipped(tmp_path):
     run_ = _run()
     path = report.write_json(tmp_path / "bench.json", run_)
     data = json.loads(path.read_text())
-    assert data["scores"] == [{"solution": "torch-topk", "definition": TOPK_DEF, "workloads": 2, "mean_speedup": 25.0}]
+    assert data["scores"] == [SCORE]
     back = report.read_json(path)
     assert back.results == run_.results and back.skipped == run_.skipped and back.meta == run_.meta
+
+
+def test_scores_without_a_reference_keep_the_mean_latency():
+    rows = [r for r in _run().results if r.kind != "reference"]
+    for r in rows:
+        r.speedup = None
+    (score,) = BenchRun(meta={}, results=rows).scores()
+    assert (score.mean_latency_us, score.arith_mean_speedup, score.geo_mean_speedup) == (62.5, None, None)
+
+
+def test_an_older_csv_still_loads_for_compare(tmp_path):
+    """Files written before the needed_* columns: the rows load, the new columns empty."""
+    old = tmp_path / "old.csv"
+    old.write_text(
+        '# gpu: "NVIDIA H200"\n'
+        "solution,kind,definition,workload,label,axes,method,iters,trials,median_us,min_us,max_us,spread_us,"
+        "trial_medians_us,size,bytes,flops,speedup,gbps,tflops,pct_peak_bw,pct_peak_flops,active_sms\n"
+        f"dsactl-topk,solution,{TOPK_DEF},w1,len2049,num_rows=1,cupti,20,1,3.8,3.7,3.9,0.0,3.8,2049,16392,0,,"
+        "4.3,,0.1,,\n")
+    (r,) = report.read_csv(old).results
+    assert (r.solution, r.median_us, r.needed_bytes, r.pct_copy_bw) == ("dsactl-topk", 3.8, None, None)
+    (delta,) = compare.compare([r], [_result("dsactl-topk", "w1", median=3.8)]).deltas
+    assert delta.change == 0.0
 
 
 def test_a_csv_that_is_not_from_bench_is_refused(tmp_path):
@@ -213,31 +255,67 @@ def test_plot_writes_latency_and_speedup_pngs(tmp_path):
 
 # --- work metrics ----------------------------------------------------------------------------
 
-def test_attention_work_counts_valid_tokens_only():
+def test_attention_work_counts_the_gathered_rows_of_valid_ids():
     d = get("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64")
     idx = torch.full((2, 2048), -1, dtype=torch.int32)
     idx[0, :100] = torch.arange(100)
     idx[1, 7:10] = 5  # duplicates are gathered (and computed) every time
     w = metrics.attention_work(d, {"sparse_indices": idx})
-    assert w.size == 103
-    assert w.flops == 2 * 16 * 103 * (576 + 512)
-    assert w.bytes == 103 * 1152 + 2 * 16 * 576 * 2 + 2 * 16 * (512 * 2 + 4) + 2 * 2048 * 4
+    # 103 valid x 1152 B (bf16 ckv + kpe) + q 2x16x576x2 + output 2x16x512x2 + lse 2x16x4 + ids 2x2048x4
+    assert (w.size, w.needed_bytes) == (103, 118656 + 36864 + 32768 + 128 + 16384)
+    assert w.needed_flops == 3586048  # 2 x 16 heads x 103 x (576 + 512)
     fp8 = get("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64_fp8kv_topklen")
     w = metrics.attention_work(fp8, {"sparse_indices": idx, "topk_length": torch.tensor([50, 2048], dtype=torch.int32)})
-    assert w.size == 53 and w.bytes - 53 * 656 == 2 * 16 * 576 * 2 + 2 * 16 * (512 * 2 + 4) + 2 * 2048 * 4
+    # 50 + 3 valid ids before topk_length x 656 B, the same q/output/lse/ids, topk_length 2 x 4
+    assert (w.size, w.needed_bytes, w.needed_flops) == (53, 34768 + 86144 + 8, 2 * 16 * 53 * 1088)
 
 
-def test_indexer_and_topk_work():
+def test_attention_with_no_valid_id_has_no_flops():
+    d = get("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64_sink")
+    w = metrics.attention_work(d, {"sparse_indices": torch.full((1, 2048), -1, dtype=torch.int32)})
+    # q 16x576x2 + output 16x512x2 + lse 16x4 + ids 2048x4 + attn_sink 16x4
+    assert (w.size, w.needed_bytes, w.needed_flops) == (0, 18432 + 16384 + 64 + 8192 + 64, None)
+
+
+def test_indexer_work_scores_only_rows_longer_than_topk():
     d = get("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64_nextn2")
-    x = {"seq_lens": torch.tensor([1, 100], dtype=torch.int32),
-         "q_index_fp8": torch.empty(2, 2, 64, 128, dtype=torch.float8_e4m3fn), "weights": torch.empty(2, 2, 64)}
-    w = metrics.indexer_work(d, x)
-    assert w.size == (0 + 1) + (99 + 100)  # token j of 2 sees seq_len - 2 + j + 1
-    assert w.flops == 2 * 64 * 129 * w.size
-    assert w.bytes == 101 * 132 + 2 * 2 * 64 * 128 + 2 * 2 * 64 * 4 + 2 * 4 + (1 + 2) * 4 + 2 * 2 * 2048 * 4
-    t = metrics.topk_work(get(TOPK_DEF + "_bf16"), {"scores": torch.empty(3, 9000, dtype=torch.bfloat16),
-                                                    "lengths": torch.tensor([9000, 1, 0], dtype=torch.int32)})
-    assert (t.size, t.flops, t.bytes) == (9001, 0, 9001 * 2 + 3 * 4 + 3 * 2048 * 4)
+    # Rows see seq_len - 2 + j + 1 tokens: [99, 100], [2048, 2049], [2999, 3000]; scored: 2049, 2999, 3000.
+    w = metrics.indexer_work(d, {"seq_lens": torch.tensor([100, 2049, 3000], dtype=torch.int32)})
+    assert w.size == 99 + 100 + 2048 + 2049 + 2999 + 3000
+    # keys of requests 1 and 2: (2049 + 3000) x 132 B; q + weights of 3 rows: 3 x 64 x (128 + 4);
+    # seq_lens 3 x 4; block table pages 2 + 33 + 47, x 4; ids 3 x 2 x 2048 x 4
+    assert w.needed_bytes == 666468 + 25344 + 12 + 328 + 49152
+    assert w.needed_flops == 132888576  # 2 x 64 x (128 + 1) x (2049 + 2999 + 3000)
+
+
+def test_indexer_passthrough_has_no_flops_and_reads_no_key():
+    d = get("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64")
+    w = metrics.indexer_work(d, {"seq_lens": torch.tensor([1, 100, 2048], dtype=torch.int32)})
+    # seq_lens 3 x 4; block table pages 1 + 2 + 32, x 4; ids 3 x 2048 x 4
+    assert (w.size, w.needed_bytes, w.needed_flops) == (2149, 12 + 140 + 24576, None)
+
+
+def test_a_contest_passthrough_workload_reports_no_flops():
+    """Contest indexer workloads whose rows all fit in top-k: every valid token is returned unscored."""
+    w = next(w for w in workloads.suite("contest")
+             if w.definition == CONTEST_INDEXER and w.axes["max_num_pages"] * PAGE_SIZE <= 2048)
+    call = prepare(w, "cpu", seed=0)
+    work = metrics.work(call.definition, call.inputs)
+    seq_lens = call.inputs["seq_lens"].long()
+    batch, pages = seq_lens.numel(), int(((seq_lens + PAGE_SIZE - 1) // PAGE_SIZE).sum())
+    assert work.needed_flops is None
+    assert work.needed_bytes == batch * 4 + pages * 4 + batch * 2048 * 4
+
+
+def test_topk_work_reads_the_scores_of_ranked_rows_only():
+    d = get(TOPK_DEF + "_bf16")
+    w = metrics.topk_work(d, {"scores": torch.empty(3, 9000, dtype=torch.bfloat16),
+                              "lengths": torch.tensor([9000, 2048, 1], dtype=torch.int32),
+                              "row_to_batch": torch.tensor([0, 1, 1], dtype=torch.int32),
+                              "block_table": torch.zeros(2, 141, dtype=torch.int32)})
+    # scores of the one row over topk 9000 x 2 B; lengths + row_to_batch 3 x 8;
+    # block table pages 141 (request 0) + max(32, 1) (request 1), x 4; ids 3 x 2048 x 4
+    assert (w.size, w.needed_bytes, w.needed_flops) == (11049, 18000 + 24 + 692 + 24576, None)
 
 
 def test_active_sms_only_where_the_solution_reports_its_grid():
@@ -301,7 +379,8 @@ def test_run_bench_times_every_contender_and_scores_speedups():
     ws = [w for w in workloads.suite("edge") if w.uuid in ("edge-topk-len65", "edge-topk-len2049")]
     settings = Settings(warmup=1, iters=5, trials=2, baselines=["torch-topk"])
     seen = []
-    result = runner.run_bench(ws, settings, _fake_timer, device="cpu", progress=seen.append)
+    peaks = SimpleNamespace(copy_gbps=4000.0, bf16_tflops=800.0)
+    result = runner.run_bench(ws, settings, _fake_timer, device="cpu", peaks=peaks, progress=seen.append)
     assert seen == ["edge-topk-len65 trial 1/2", "edge-topk-len65 trial 2/2",
                     "edge-topk-len2049 trial 1/2", "edge-topk-len2049 trial 2/2"]
     by = {(r.solution, r.workload): r for r in result.results}
@@ -310,9 +389,12 @@ def test_run_bench_times_every_contender_and_scores_speedups():
     assert base.kind == "baseline" and base.median_us == 42.0 and base.method == "fake"
     assert base.speedup == pytest.approx(1001.0 / 42.0)
     assert base.trial_medians_us == [42.0, 42.0] and base.spread_us == 0.0
-    assert base.size == 65 + 1 + 64 and base.gbps == pytest.approx(base.bytes / 42e-6 / 1e9)
+    assert base.size == 65 + 1 + 64 and base.gbps == pytest.approx(base.needed_bytes / 42e-6 / 1e9)
+    assert base.pct_copy_bw == pytest.approx(100 * base.gbps / 4000.0)
+    assert base.needed_flops is base.tflops is base.pct_bf16_peak is None  # top-k: no arithmetic
     (score,) = [s for s in result.scores() if s.solution == "torch-topk"]
-    assert score.workloads == 2 and score.mean_speedup == pytest.approx(1001.0 / 42.0)
+    assert score.workloads == 2 and score.arith_mean_speedup == pytest.approx(1001.0 / 42.0)
+    assert score.mean_latency_us == 42.0
     gpu_only = [s for s in result.skipped if s.kind == "solution"]
     assert all(s.reason == "needs a CUDA GPU" for s in gpu_only)
 
@@ -488,7 +570,7 @@ def test_every_available_method_agrees_on_a_copy():
 
 @pytest.mark.gpu
 def test_every_available_method_times_a_triton_kernel():
-    # On the H200 (torch 2.11) torch-profiler once read no device time for a Triton call (driver-API launches).
+    # Triton launches its kernels through the driver API: every method must still see their device time.
     _in_a_fresh_process("""
         import statistics
         import torch
