@@ -7,15 +7,15 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dsactl import workloads
-from dsactl.bench import baselines, compare, metrics, plot, report, runner, timing
+from dsactl import solutions, workloads
+from dsactl.bench import baselines, compare, metrics, plot, report, runner, served, timing
 from dsactl.bench.runner import BenchRun, Result, Settings
 from dsactl.cli import app
 from dsactl.definitions import CONTEST, CONTEST_INDEXER, get
 from dsactl.definitions.topk import rank_key
 from dsactl.errors import DsactlError
 from dsactl.fp8 import PAGE_SIZE
-from dsactl.harness import prepare, run
+from dsactl.harness import Call, prepare, run
 from dsactl.kernels.topk.torch_baseline import topk_page_transform
 
 TOPK_DEF = "dsa_topk_page_transform_topk2048_ps64"
@@ -27,7 +27,8 @@ def _result(solution="s", workload="w", median=10.0, trial_medians=(10.0, 10.0),
                   axes="num_rows=3 max_len=5", method="torch-profiler", iters=50, trials=len(trial_medians),
                   median_us=median, min_us=median * 0.9, max_us=median * 1.2,
                   spread_us=max(trial_medians) - min(trial_medians), trial_medians_us=list(trial_medians),
-                  size=size, needed_bytes=4096, needed_flops=None, speedup=speedup, gbps=409.6, pct_copy_bw=9.5)
+                  size=size, needed_bytes=4096, needed_flops=None, speedup=speedup, gbps=409.6, pct_copy_bw=9.5,
+                  impl="python")
 
 
 # --- statistics and CUPTI record correlation -------------------------------------------------
@@ -190,7 +191,7 @@ def test_csv_names_its_columns_and_carries_the_scores(tmp_path):
     text = report.write_csv(tmp_path / "bench.csv", _run()).read_text()
     header = next(line for line in text.splitlines() if not line.startswith("#"))
     assert header.split(",") == [
-        "solution", "kind", "definition", "workload", "label", "axes", "method", "iters", "trials",
+        "solution", "kind", "impl", "definition", "workload", "label", "axes", "method", "iters", "trials",
         "median_us", "min_us", "max_us", "spread_us", "trial_medians_us", "size", "needed_bytes", "needed_flops",
         "speedup", "gbps", "pct_copy_bw", "tflops", "pct_bf16_peak", "active_sms"]
     (scores,) = [line for line in text.splitlines() if line.startswith("# scores: ")]
@@ -217,7 +218,7 @@ def test_scores_without_a_reference_keep_the_mean_latency():
 
 
 def test_an_older_csv_still_loads_for_compare(tmp_path):
-    """Files written before the needed_* columns: the rows load, the new columns empty."""
+    """Files written before the impl and needed_* columns: the rows load, the new columns empty."""
     old = tmp_path / "old.csv"
     old.write_text(
         '# gpu: "NVIDIA H200"\n'
@@ -226,7 +227,7 @@ def test_an_older_csv_still_loads_for_compare(tmp_path):
         f"dsactl-topk,solution,{TOPK_DEF},w1,len2049,num_rows=1,cupti,20,1,3.8,3.7,3.9,0.0,3.8,2049,16392,0,,"
         "4.3,,0.1,,\n")
     (r,) = report.read_csv(old).results
-    assert (r.solution, r.median_us, r.needed_bytes, r.pct_copy_bw) == ("dsactl-topk", 3.8, None, None)
+    assert (r.solution, r.median_us, r.impl, r.needed_bytes, r.pct_copy_bw) == ("dsactl-topk", 3.8, "", None, None)
     (delta,) = compare.compare([r], [_result("dsactl-topk", "w1", median=3.8)]).deltas
     assert delta.change == 0.0
 
@@ -331,6 +332,35 @@ def test_active_sms_only_where_the_solution_reports_its_grid():
     assert metrics.active_sms(gridded, [1, 2], 132) == 132
 
 
+# --- which implementation served a row ---------------------------------------------------------
+
+def _attention_call(heads=64):
+    d = get(f"dsa_sparse_attention_h{heads}_ckv512_kpe64_topk2048_ps64")
+    inputs = {"q_nope": torch.zeros(1, heads, 512, dtype=torch.bfloat16),
+              "q_pe": torch.zeros(1, heads, 64, dtype=torch.bfloat16),
+              "ckv_cache": torch.zeros(1, 64, 512, dtype=torch.bfloat16),
+              "kpe_cache": torch.zeros(1, 64, 64, dtype=torch.bfloat16),
+              "sparse_indices": torch.full((1, 2048), -1, dtype=torch.int32), "sm_scale": 0.1}
+    return Call(d, None, inputs, d.allocate_outputs(d.check_inputs(inputs), "cpu"))
+
+
+def test_served_by_names_the_launcher_the_attention_solution_dispatches_to(monkeypatch):
+    from dsactl.kernels.attention import hopper_mla
+
+    shipped = solutions.get("dsactl-attention")
+    assert served.served_by(shipped, _attention_call()) == "triton_sparse_mla"  # no sm_90 GPU here
+    monkeypatch.setattr(hopper_mla, "serves", lambda *args, **kwargs: True)
+    assert served.served_by(shipped, _attention_call()) == "hopper_mla"
+    # A baseline in the same module is not dispatched.
+    assert served.served_by(solutions.get("torch-attention"), _attention_call()) == "python"
+
+
+def test_served_by_falls_back_to_the_language_without_a_dispatch_function(monkeypatch):
+    assert served.served_by(solutions.get("dsactl-topk"), None) == "cuda"
+    monkeypatch.setattr(served, "DISPATCH", "renamed_elsewhere")
+    assert served.served_by(solutions.get("dsactl-attention"), _attention_call()) == "triton"
+
+
 # --- the torch top-k baseline ----------------------------------------------------------------
 
 def _logical(call, ids_row, r):
@@ -392,6 +422,7 @@ def test_run_bench_times_every_contender_and_scores_speedups():
     assert base.size == 65 + 1 + 64 and base.gbps == pytest.approx(base.needed_bytes / 42e-6 / 1e9)
     assert base.pct_copy_bw == pytest.approx(100 * base.gbps / 4000.0)
     assert base.needed_flops is base.tflops is base.pct_bf16_peak is None  # top-k: no arithmetic
+    assert (ref.impl, base.impl) == ("reference", "python")
     (score,) = [s for s in result.scores() if s.solution == "torch-topk"]
     assert score.workloads == 2 and score.arith_mean_speedup == pytest.approx(1001.0 / 42.0)
     assert score.mean_latency_us == 42.0
@@ -605,3 +636,6 @@ def test_one_contest_workload_per_definition_end_to_end():
         for r in rows:
             assert r.method in timing.METHODS + (timing.EVENTS_FALLBACK,)
             assert 0 < r.min_us <= r.median_us <= r.max_us and r.speedup > 0 and r.gbps > 0
+            assert r.impl
+            if r.solution == "dsactl-attention":
+                assert r.impl in ("hopper_mla", "triton_sparse_mla")

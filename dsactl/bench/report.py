@@ -167,12 +167,12 @@ def results_table(results: Iterable[Result]) -> Table:
     rows = []
     for r in results:
         name = {"solution": r.solution, "reference": f"reference ({r.iters} iters)"}.get(r.kind, f"{r.solution} ({r.kind})")
-        rows.append((r.workload, r.label, name, _num(r.median_us, ".2f"),
+        rows.append((r.workload, r.label, name, r.impl, _num(r.median_us, ".2f"),
                      f"{r.min_us:.2f}-{r.max_us:.2f}", _num(r.spread_us, ".2f"), _num(r.speedup, ".2f"),
                      _rate(r.gbps, ".0f", r.pct_copy_bw), _rate(r.tflops, ".1f", r.pct_bf16_peak),
                      _num(r.active_sms, "d"), r.method))
     return table("latency; GB/s and TFLOP/s of the bytes and FLOPs each call must touch and do",
-                 ["workload", "class", "solution", "median us", "min-max us", "trial spread us", "speedup",
+                 ["workload", "class", "solution", "impl", "median us", "min-max us", "trial spread us", "speedup",
                   "GB/s (% copy)", "TFLOP/s (% bf16 matmul)", "active SMs", "method"], rows)
 
 

@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from dsactl import solutions
-from dsactl.bench import baselines, metrics, timing
+from dsactl.bench import baselines, metrics, served, timing
 from dsactl.bench.baselines import Contender, Skipped
 from dsactl.definitions import get as get_definition
 from dsactl.errors import DsactlError
-from dsactl.harness import prepare
+from dsactl.harness import Call, prepare
 from dsactl.workloads import Workload
 
 REFERENCE_ITERS = 3
@@ -57,6 +57,7 @@ class Result:
 
     solution: str
     kind: str
+    impl: str = ""  # the implementation that served the row (dsactl.bench.served)
     definition: str
     workload: str
     label: str
@@ -159,6 +160,11 @@ def _rates(r: Result, peaks: Any) -> None:
         r.pct_bf16_peak = 100.0 * r.tflops / peaks.bf16_tflops if r.tflops is not None else None
 
 
+def impl_of(c: Contender, call: Call) -> str:
+    """A solution's serving implementation; a reference or plug-in is its own name."""
+    return served.served_by(c.solution, call) if c.solution is not None else c.name
+
+
 def run_bench(workloads: Sequence[Workload], settings: Settings, timer: Timer, *, device: str = "cuda",
               sm_count: int | None = None, peaks: Any = None, meta: dict[str, Any] | None = None,
               progress: Callable[[str], None] | None = None,
@@ -193,6 +199,7 @@ def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings
     failed: set[str] = set()
     work = None
     grids: dict[str, int | None] = {}
+    impls: dict[str, str] = {}
     for trial in range(settings.trials):
         if progress:
             progress(f"{w.uuid} trial {trial + 1}/{settings.trials}")
@@ -208,6 +215,7 @@ def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings
             try:
                 if c.name not in grids:
                     grids[c.name] = metrics.active_sms(c.entry, call.args(), sm_count) if c.entry and sm_count else None
+                    impls[c.name] = impl_of(c, call)
                 methods[c.name], got = timer(c.bind(call), iters, warmup)
             except Exception as e:  # a failing contender is reported, the run goes on
                 failed.add(c.name)
@@ -222,7 +230,7 @@ def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings
         stats = timing.summarize(samples[c.name])
         reference = c.kind == "reference"
         rows.append(Result(
-            solution=c.name, kind=c.kind, definition=w.definition, workload=w.uuid, label=w.label,
+            solution=c.name, kind=c.kind, impl=impls[c.name], definition=w.definition, workload=w.uuid, label=w.label,
             axes=describe_axes(w), method=methods[c.name],
             iters=REFERENCE_ITERS if reference else settings.iters, trials=settings.trials,
             median_us=stats.median_us, min_us=stats.min_us, max_us=stats.max_us, spread_us=stats.spread_us,
