@@ -1,18 +1,21 @@
 import json
+import subprocess
+import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
 from typer.testing import CliRunner
 
-from dsactl import workloads
-from dsactl.bench import baselines, compare, metrics, plot, report, runner, timing
+from dsactl import solutions, workloads
+from dsactl.bench import baselines, compare, metrics, plot, report, runner, served, timing
 from dsactl.bench.runner import BenchRun, Result, Settings
 from dsactl.cli import app
-from dsactl.definitions import CONTEST, get
+from dsactl.definitions import CONTEST, CONTEST_INDEXER, get
 from dsactl.definitions.topk import rank_key
 from dsactl.errors import DsactlError
 from dsactl.fp8 import PAGE_SIZE
-from dsactl.harness import prepare, run
+from dsactl.harness import Call, prepare, run
 from dsactl.kernels.topk.torch_baseline import topk_page_transform
 
 TOPK_DEF = "dsa_topk_page_transform_topk2048_ps64"
@@ -24,7 +27,8 @@ def _result(solution="s", workload="w", median=10.0, trial_medians=(10.0, 10.0),
                   axes="num_rows=3 max_len=5", method="torch-profiler", iters=50, trials=len(trial_medians),
                   median_us=median, min_us=median * 0.9, max_us=median * 1.2,
                   spread_us=max(trial_medians) - min(trial_medians), trial_medians_us=list(trial_medians),
-                  size=size, bytes=4096, flops=0, speedup=speedup, gbps=409.6, pct_peak_bw=9.5, active_sms=None)
+                  size=size, needed_bytes=4096, needed_flops=None, speedup=speedup, gbps=409.6, pct_copy_bw=9.5,
+                  impl="python")
 
 
 # --- statistics and CUPTI record correlation -------------------------------------------------
@@ -178,13 +182,54 @@ def test_csv_round_trip_keeps_header_and_rows(tmp_path):
     assert back.results == run_.results
 
 
+# torch-topk in _run(): 30 us at 30x, 95 us at 20x.
+SCORE = {"solution": "torch-topk", "definition": TOPK_DEF, "workloads": 2, "mean_latency_us": 62.5,
+         "arith_mean_speedup": 25.0, "geo_mean_speedup": pytest.approx(600 ** 0.5)}
+
+
+def test_csv_names_its_columns_and_carries_the_scores(tmp_path):
+    text = report.write_csv(tmp_path / "bench.csv", _run()).read_text()
+    header = next(line for line in text.splitlines() if not line.startswith("#"))
+    assert header.split(",") == [
+        "solution", "kind", "impl", "definition", "workload", "label", "axes", "method", "iters", "trials",
+        "median_us", "min_us", "max_us", "spread_us", "trial_medians_us", "size", "needed_bytes", "needed_flops",
+        "speedup", "gbps", "pct_copy_bw", "tflops", "pct_bf16_peak", "active_sms"]
+    (scores,) = [line for line in text.splitlines() if line.startswith("# scores: ")]
+    assert json.loads(scores.removeprefix("# scores: ")) == [SCORE]
+    row = next(r for r in text.splitlines() if r.startswith("torch-topk,"))
+    assert ",4096,," in row  # needed_flops of a top-k: an empty cell, not 0
+
+
 def test_json_round_trip_adds_scores_and_skipped(tmp_path):
     run_ = _run()
     path = report.write_json(tmp_path / "bench.json", run_)
     data = json.loads(path.read_text())
-    assert data["scores"] == [{"solution": "torch-topk", "definition": TOPK_DEF, "workloads": 2, "mean_speedup": 25.0}]
+    assert data["scores"] == [SCORE]
     back = report.read_json(path)
     assert back.results == run_.results and back.skipped == run_.skipped and back.meta == run_.meta
+
+
+def test_scores_without_a_reference_keep_the_mean_latency():
+    rows = [r for r in _run().results if r.kind != "reference"]
+    for r in rows:
+        r.speedup = None
+    (score,) = BenchRun(meta={}, results=rows).scores()
+    assert (score.mean_latency_us, score.arith_mean_speedup, score.geo_mean_speedup) == (62.5, None, None)
+
+
+def test_an_older_csv_still_loads_for_compare(tmp_path):
+    """Files written before the impl and needed_* columns: the rows load, the new columns empty."""
+    old = tmp_path / "old.csv"
+    old.write_text(
+        '# gpu: "NVIDIA H200"\n'
+        "solution,kind,definition,workload,label,axes,method,iters,trials,median_us,min_us,max_us,spread_us,"
+        "trial_medians_us,size,bytes,flops,speedup,gbps,tflops,pct_peak_bw,pct_peak_flops,active_sms\n"
+        f"dsactl-topk,solution,{TOPK_DEF},w1,len2049,num_rows=1,cupti,20,1,3.8,3.7,3.9,0.0,3.8,2049,16392,0,,"
+        "4.3,,0.1,,\n")
+    (r,) = report.read_csv(old).results
+    assert (r.solution, r.median_us, r.impl, r.needed_bytes, r.pct_copy_bw) == ("dsactl-topk", 3.8, "", None, None)
+    (delta,) = compare.compare([r], [_result("dsactl-topk", "w1", median=3.8)]).deltas
+    assert delta.change == 0.0
 
 
 def test_a_csv_that_is_not_from_bench_is_refused(tmp_path):
@@ -211,31 +256,67 @@ def test_plot_writes_latency_and_speedup_pngs(tmp_path):
 
 # --- work metrics ----------------------------------------------------------------------------
 
-def test_attention_work_counts_valid_tokens_only():
+def test_attention_work_counts_the_gathered_rows_of_valid_ids():
     d = get("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64")
     idx = torch.full((2, 2048), -1, dtype=torch.int32)
     idx[0, :100] = torch.arange(100)
     idx[1, 7:10] = 5  # duplicates are gathered (and computed) every time
     w = metrics.attention_work(d, {"sparse_indices": idx})
-    assert w.size == 103
-    assert w.flops == 2 * 16 * 103 * (576 + 512)
-    assert w.bytes == 103 * 1152 + 2 * 16 * 576 * 2 + 2 * 16 * (512 * 2 + 4) + 2 * 2048 * 4
+    # 103 valid x 1152 B (bf16 ckv + kpe) + q 2x16x576x2 + output 2x16x512x2 + lse 2x16x4 + ids 2x2048x4
+    assert (w.size, w.needed_bytes) == (103, 118656 + 36864 + 32768 + 128 + 16384)
+    assert w.needed_flops == 3586048  # 2 x 16 heads x 103 x (576 + 512)
     fp8 = get("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64_fp8kv_topklen")
     w = metrics.attention_work(fp8, {"sparse_indices": idx, "topk_length": torch.tensor([50, 2048], dtype=torch.int32)})
-    assert w.size == 53 and w.bytes - 53 * 656 == 2 * 16 * 576 * 2 + 2 * 16 * (512 * 2 + 4) + 2 * 2048 * 4
+    # 50 + 3 valid ids before topk_length x 656 B, the same q/output/lse/ids, topk_length 2 x 4
+    assert (w.size, w.needed_bytes, w.needed_flops) == (53, 34768 + 86144 + 8, 2 * 16 * 53 * 1088)
 
 
-def test_indexer_and_topk_work():
+def test_attention_with_no_valid_id_has_no_flops():
+    d = get("dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64_sink")
+    w = metrics.attention_work(d, {"sparse_indices": torch.full((1, 2048), -1, dtype=torch.int32)})
+    # q 16x576x2 + output 16x512x2 + lse 16x4 + ids 2048x4 + attn_sink 16x4
+    assert (w.size, w.needed_bytes, w.needed_flops) == (0, 18432 + 16384 + 64 + 8192 + 64, None)
+
+
+def test_indexer_work_scores_only_rows_longer_than_topk():
     d = get("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64_nextn2")
-    x = {"seq_lens": torch.tensor([1, 100], dtype=torch.int32),
-         "q_index_fp8": torch.empty(2, 2, 64, 128, dtype=torch.float8_e4m3fn), "weights": torch.empty(2, 2, 64)}
-    w = metrics.indexer_work(d, x)
-    assert w.size == (0 + 1) + (99 + 100)  # token j of 2 sees seq_len - 2 + j + 1
-    assert w.flops == 2 * 64 * 129 * w.size
-    assert w.bytes == 101 * 132 + 2 * 2 * 64 * 128 + 2 * 2 * 64 * 4 + 2 * 4 + (1 + 2) * 4 + 2 * 2 * 2048 * 4
-    t = metrics.topk_work(get(TOPK_DEF + "_bf16"), {"scores": torch.empty(3, 9000, dtype=torch.bfloat16),
-                                                    "lengths": torch.tensor([9000, 1, 0], dtype=torch.int32)})
-    assert (t.size, t.flops, t.bytes) == (9001, 0, 9001 * 2 + 3 * 4 + 3 * 2048 * 4)
+    # Rows see seq_len - 2 + j + 1 tokens: [99, 100], [2048, 2049], [2999, 3000]; scored: 2049, 2999, 3000.
+    w = metrics.indexer_work(d, {"seq_lens": torch.tensor([100, 2049, 3000], dtype=torch.int32)})
+    assert w.size == 99 + 100 + 2048 + 2049 + 2999 + 3000
+    # keys of requests 1 and 2: (2049 + 3000) x 132 B; q + weights of 3 rows: 3 x 64 x (128 + 4);
+    # seq_lens 3 x 4; block table pages 2 + 33 + 47, x 4; ids 3 x 2 x 2048 x 4
+    assert w.needed_bytes == 666468 + 25344 + 12 + 328 + 49152
+    assert w.needed_flops == 132888576  # 2 x 64 x (128 + 1) x (2049 + 2999 + 3000)
+
+
+def test_indexer_passthrough_has_no_flops_and_reads_no_key():
+    d = get("dsa_topk_indexer_fp8_h64_d128_topk2048_ps64")
+    w = metrics.indexer_work(d, {"seq_lens": torch.tensor([1, 100, 2048], dtype=torch.int32)})
+    # seq_lens 3 x 4; block table pages 1 + 2 + 32, x 4; ids 3 x 2048 x 4
+    assert (w.size, w.needed_bytes, w.needed_flops) == (2149, 12 + 140 + 24576, None)
+
+
+def test_a_contest_passthrough_workload_reports_no_flops():
+    """Contest indexer workloads whose rows all fit in top-k: every valid token is returned unscored."""
+    w = next(w for w in workloads.suite("contest")
+             if w.definition == CONTEST_INDEXER and w.axes["max_num_pages"] * PAGE_SIZE <= 2048)
+    call = prepare(w, "cpu", seed=0)
+    work = metrics.work(call.definition, call.inputs)
+    seq_lens = call.inputs["seq_lens"].long()
+    batch, pages = seq_lens.numel(), int(((seq_lens + PAGE_SIZE - 1) // PAGE_SIZE).sum())
+    assert work.needed_flops is None
+    assert work.needed_bytes == batch * 4 + pages * 4 + batch * 2048 * 4
+
+
+def test_topk_work_reads_the_scores_of_ranked_rows_only():
+    d = get(TOPK_DEF + "_bf16")
+    w = metrics.topk_work(d, {"scores": torch.empty(3, 9000, dtype=torch.bfloat16),
+                              "lengths": torch.tensor([9000, 2048, 1], dtype=torch.int32),
+                              "row_to_batch": torch.tensor([0, 1, 1], dtype=torch.int32),
+                              "block_table": torch.zeros(2, 141, dtype=torch.int32)})
+    # scores of the one row over topk 9000 x 2 B; lengths + row_to_batch 3 x 8;
+    # block table pages 141 (request 0) + max(32, 1) (request 1), x 4; ids 3 x 2048 x 4
+    assert (w.size, w.needed_bytes, w.needed_flops) == (11049, 18000 + 24 + 692 + 24576, None)
 
 
 def test_active_sms_only_where_the_solution_reports_its_grid():
@@ -249,6 +330,35 @@ def test_active_sms_only_where_the_solution_reports_its_grid():
     assert metrics.active_sms(plain, [1, 2], 132) is None
     assert metrics.active_sms(gridded, [1], 132) == 100
     assert metrics.active_sms(gridded, [1, 2], 132) == 132
+
+
+# --- which implementation served a row ---------------------------------------------------------
+
+def _attention_call(heads=64):
+    d = get(f"dsa_sparse_attention_h{heads}_ckv512_kpe64_topk2048_ps64")
+    inputs = {"q_nope": torch.zeros(1, heads, 512, dtype=torch.bfloat16),
+              "q_pe": torch.zeros(1, heads, 64, dtype=torch.bfloat16),
+              "ckv_cache": torch.zeros(1, 64, 512, dtype=torch.bfloat16),
+              "kpe_cache": torch.zeros(1, 64, 64, dtype=torch.bfloat16),
+              "sparse_indices": torch.full((1, 2048), -1, dtype=torch.int32), "sm_scale": 0.1}
+    return Call(d, None, inputs, d.allocate_outputs(d.check_inputs(inputs), "cpu"))
+
+
+def test_served_by_names_the_launcher_the_attention_solution_dispatches_to(monkeypatch):
+    from dsactl.kernels.attention import hopper_mla
+
+    shipped = solutions.get("dsactl-attention")
+    assert served.served_by(shipped, _attention_call()) == "triton_sparse_mla"  # no sm_90 GPU here
+    monkeypatch.setattr(hopper_mla, "serves", lambda *args, **kwargs: True)
+    assert served.served_by(shipped, _attention_call()) == "hopper_mla"
+    # A baseline in the same module is not dispatched.
+    assert served.served_by(solutions.get("torch-attention"), _attention_call()) == "python"
+
+
+def test_served_by_falls_back_to_the_language_without_a_dispatch_function(monkeypatch):
+    assert served.served_by(solutions.get("dsactl-topk"), None) == "cuda"
+    monkeypatch.setattr(served, "DISPATCH", "renamed_elsewhere")
+    assert served.served_by(solutions.get("dsactl-attention"), _attention_call()) == "triton"
 
 
 # --- the torch top-k baseline ----------------------------------------------------------------
@@ -299,7 +409,8 @@ def test_run_bench_times_every_contender_and_scores_speedups():
     ws = [w for w in workloads.suite("edge") if w.uuid in ("edge-topk-len65", "edge-topk-len2049")]
     settings = Settings(warmup=1, iters=5, trials=2, baselines=["torch-topk"])
     seen = []
-    result = runner.run_bench(ws, settings, _fake_timer, device="cpu", progress=seen.append)
+    peaks = SimpleNamespace(copy_gbps=4000.0, bf16_tflops=800.0)
+    result = runner.run_bench(ws, settings, _fake_timer, device="cpu", peaks=peaks, progress=seen.append)
     assert seen == ["edge-topk-len65 trial 1/2", "edge-topk-len65 trial 2/2",
                     "edge-topk-len2049 trial 1/2", "edge-topk-len2049 trial 2/2"]
     by = {(r.solution, r.workload): r for r in result.results}
@@ -308,9 +419,13 @@ def test_run_bench_times_every_contender_and_scores_speedups():
     assert base.kind == "baseline" and base.median_us == 42.0 and base.method == "fake"
     assert base.speedup == pytest.approx(1001.0 / 42.0)
     assert base.trial_medians_us == [42.0, 42.0] and base.spread_us == 0.0
-    assert base.size == 65 + 1 + 64 and base.gbps == pytest.approx(base.bytes / 42e-6 / 1e9)
+    assert base.size == 65 + 1 + 64 and base.gbps == pytest.approx(base.needed_bytes / 42e-6 / 1e9)
+    assert base.pct_copy_bw == pytest.approx(100 * base.gbps / 4000.0)
+    assert base.needed_flops is base.tflops is base.pct_bf16_peak is None  # top-k: no arithmetic
+    assert (ref.impl, base.impl) == ("reference", "python")
     (score,) = [s for s in result.scores() if s.solution == "torch-topk"]
-    assert score.workloads == 2 and score.mean_speedup == pytest.approx(1001.0 / 42.0)
+    assert score.workloads == 2 and score.arith_mean_speedup == pytest.approx(1001.0 / 42.0)
+    assert score.mean_latency_us == 42.0
     gpu_only = [s for s in result.skipped if s.kind == "solution"]
     assert all(s.reason == "needs a CUDA GPU" for s in gpu_only)
 
@@ -385,6 +500,39 @@ def test_auto_timing_skips_a_method_whose_self_check_is_off(monkeypatch):
     assert method == "cupti" and not off.ok and [r.method for r in rejected] == ["torch-profiler"]
 
 
+def _bench_cli(*args):
+    return CliRunner().invoke(app, ["bench", "--suite", "edge", "-d", TOPK_DEF, "-w", "edge-topk-len65", *args])
+
+
+def test_an_unknown_timing_method_fails_at_once_naming_the_valid_ones():
+    done = subprocess.run([sys.executable, "-m", "dsactl", "bench", "--no-save", "--method", "bogus"],
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr == "error: unknown timing method 'bogus'; choose auto, cupti, torch-profiler, cuda-graph\n"
+
+
+def test_unusable_output_paths_fail_before_timing(tmp_path, monkeypatch):
+    (tmp_path / "a_file").write_text("")
+    r = _bench_cli("--csv", str(tmp_path))
+    assert isinstance(r.exception, DsactlError) and str(r.exception) == f"cannot write {tmp_path}: it is a directory"
+    r = _bench_cli("--json", str(tmp_path / "a_file" / "b.json"))
+    assert str(r.exception) == f"cannot write {tmp_path / 'a_file' / 'b.json'}: {tmp_path / 'a_file'} is not a directory"
+    report.check_writable(tmp_path / "new" / "deeper" / "b.csv")  # missing folders are created on write
+    monkeypatch.setattr(report.os, "access", lambda path, mode: False)
+    with pytest.raises(DsactlError, match=f"^cannot write .*: {tmp_path} is not writable$"):
+        report.check_writable(tmp_path / "b.csv")
+
+
+def test_settings_are_checked_before_any_gpu_is_needed():
+    for bad, message in ((Settings(iters=0), "iters must be at least 1, got 0"),
+                         (Settings(warmup=-1), "warmup must be at least 0, got -1"),
+                         (Settings(baselines=["nope"]), "unknown baseline 'nope'"),
+                         (Settings(solutions=["nope"]), "unknown solution 'nope'")):
+        with pytest.raises(DsactlError, match=message):
+            runner.check_settings(bad)
+    assert "unknown baseline 'nope'" in str(_bench_cli("-b", "nope").exception)
+
+
 def test_bench_without_a_gpu_is_a_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
@@ -453,7 +601,7 @@ def test_every_available_method_agrees_on_a_copy():
 
 @pytest.mark.gpu
 def test_every_available_method_times_a_triton_kernel():
-    # On the H200 (torch 2.11) torch-profiler once read no device time for a Triton call (driver-API launches).
+    # Triton launches its kernels through the driver API: every method must still see their device time.
     _in_a_fresh_process("""
         import statistics
         import torch
@@ -488,3 +636,6 @@ def test_one_contest_workload_per_definition_end_to_end():
         for r in rows:
             assert r.method in timing.METHODS + (timing.EVENTS_FALLBACK,)
             assert 0 < r.min_us <= r.median_us <= r.max_us and r.speedup > 0 and r.gbps > 0
+            assert r.impl
+            if r.solution == "dsactl-attention":
+                assert r.impl in ("hopper_mla", "triton_sparse_mla")

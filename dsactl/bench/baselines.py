@@ -39,6 +39,7 @@ class Contender:
     kind: str  # "solution" | "baseline" | "reference" | "plugin"
     bind: Callable[[Call], Callable[[], Any]]
     entry: Callable | None = None  # the solution's function, for its optional grid_ctas
+    solution: solutions.Solution | None = None  # the registered solution it times, if any
 
 
 @dataclass(frozen=True)
@@ -53,7 +54,7 @@ class Skipped:
 def solution_contender(s: solutions.Solution) -> Contender:
     fn = s.load()
     return Contender(s.name, "baseline" if s.baseline else "solution",
-                     lambda call: functools.partial(fn, *call.args()), fn)
+                     lambda call: functools.partial(fn, *call.args()), fn, s)
 
 
 def reference_contender() -> Contender:

@@ -2,8 +2,9 @@
 
 Files go to profiles/<gpu-slug>/ by default. The CSV header is comment lines
 `# key: <json>` (the exact command line, GPU, clocks, driver, tool versions,
-timing method, peaks, self-check), then one row per (contender, workload). The
-JSON holds the same plus the skipped contenders and the per-solution scores.
+timing method, peaks, self-check), then `# scores: <json list>` (runner.Score per
+solution and definition), then one row per (contender, workload) with the
+columns of runner.Result. The JSON holds the same plus the skipped contenders.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import csv
 import io
 import json
+import os
 import re
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -24,12 +26,28 @@ from dsactl.cli.render import table
 from dsactl.errors import DsactlError
 
 COLUMNS = [f.name for f in fields(Result)]
-_INT = {"iters", "trials", "size", "bytes", "flops"}
-_OPTIONAL_INT = {"active_sms"}
+_INT = {"iters", "trials", "size"}
+_OPTIONAL_INT = {"needed_bytes", "needed_flops", "active_sms"}
 _FLOAT = {"median_us", "min_us", "max_us", "spread_us"}
-_OPTIONAL_FLOAT = {"speedup", "gbps", "tflops", "pct_peak_bw", "pct_peak_flops"}
+_OPTIONAL_FLOAT = {"speedup", "gbps", "pct_copy_bw", "tflops", "pct_bf16_peak"}
 _LIST = {"trial_medians_us"}
 LIST_SEPARATOR = ";"
+SCORES_KEY = "scores"  # the CSV header line of the scores; derived from the rows, not kept as meta
+
+
+def check_writable(path: str | Path) -> None:
+    """Raise DsactlError unless a file can be written at path: not a directory, and its
+    nearest existing ancestor a directory this process may write into (mkdir makes the rest)."""
+    path = Path(path)
+    if path.is_dir():
+        raise DsactlError(f"cannot write {path}: it is a directory")
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        raise DsactlError(f"cannot write {path}: {parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise DsactlError(f"cannot write {path}: {parent} is not writable")
 
 
 def default_stem(source: str, definition: str | None, solutions: list[str] | None) -> str:
@@ -78,6 +96,7 @@ def write_csv(path: str | Path, run: BenchRun) -> Path:
     out = io.StringIO()
     for key, value in run.meta.items():
         out.write(f"# {key}: {json.dumps(value, default=str)}\n")
+    out.write(f"# {SCORES_KEY}: {json.dumps([asdict(s) for s in run.scores()])}\n")
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)
     for r in run.results:
@@ -103,6 +122,7 @@ def read_csv(path: str | Path) -> BenchRun:
     reader = csv.DictReader(body)
     if reader.fieldnames is None or not {"solution", "workload", "median_us"} <= set(reader.fieldnames):
         raise DsactlError(f"{path} is not a dsactl bench CSV (no solution/workload/median_us columns)")
+    meta.pop(SCORES_KEY, None)
     known = set(COLUMNS)
     results = [Result(**{k: _parse(k, v) for k, v in row.items() if k in known}) for row in reader]
     return BenchRun(meta=meta, results=results)
@@ -129,7 +149,9 @@ def read_json(path: str | Path) -> BenchRun:
         data = json.loads(Path(path).read_text())
     except (OSError, ValueError) as e:
         raise DsactlError(f"cannot read {path}: {e}") from None
-    return BenchRun(meta=data["meta"], results=[Result(**r) for r in data["results"]],
+    known = set(COLUMNS)
+    return BenchRun(meta=data["meta"], results=[Result(**{k: v for k, v in r.items() if k in known})
+                                                for r in data["results"]],
                     skipped=[Skipped(**s) for s in data.get("skipped", [])])
 
 
@@ -137,23 +159,29 @@ def _num(value: float | None, fmt: str) -> str:
     return "" if value is None else format(value, fmt)
 
 
+def _rate(value: float | None, fmt: str, pct: float | None) -> str:
+    return _num(value, fmt) + (f" ({pct:.0f}%)" if pct is not None else "")
+
+
 def results_table(results: Iterable[Result]) -> Table:
     rows = []
     for r in results:
         name = {"solution": r.solution, "reference": f"reference ({r.iters} iters)"}.get(r.kind, f"{r.solution} ({r.kind})")
-        rows.append((r.workload, r.label, name, _num(r.median_us, ".2f"),
+        rows.append((r.workload, r.label, name, r.impl, _num(r.median_us, ".2f"),
                      f"{r.min_us:.2f}-{r.max_us:.2f}", _num(r.spread_us, ".2f"), _num(r.speedup, ".2f"),
-                     _num(r.gbps, ".0f") + (f" ({r.pct_peak_bw:.0f}%)" if r.pct_peak_bw is not None else ""),
-                     _num(r.tflops, ".1f") + (f" ({r.pct_peak_flops:.0f}%)" if r.pct_peak_flops is not None else ""),
+                     _rate(r.gbps, ".0f", r.pct_copy_bw), _rate(r.tflops, ".1f", r.pct_bf16_peak),
                      _num(r.active_sms, "d"), r.method))
-    return table("latency", ["workload", "class", "solution", "median us", "min-max us", "trial spread us",
-                             "speedup", "GB/s (% peak)", "TFLOP/s (% peak)", "active SMs", "method"], rows)
+    return table("latency; GB/s and TFLOP/s of the bytes and FLOPs each call must touch and do",
+                 ["workload", "class", "solution", "impl", "median us", "min-max us", "trial spread us", "speedup",
+                  "GB/s (% copy)", "TFLOP/s (% bf16 matmul)", "active SMs", "method"], rows)
 
 
 def scores_table(run: BenchRun) -> Table:
-    return table("score: mean of per-workload speedups over the reference",
-                 ["solution", "definition", "workloads", "score"],
-                 ((s.solution, s.definition, s.workloads, f"{s.mean_speedup:.2f}") for s in run.scores()))
+    return table("per solution: mean latency; speedup over the reference (contest score: arithmetic mean)",
+                 ["solution", "definition", "workloads", "mean latency us", "arithmetic mean speedup",
+                  "geometric mean speedup"],
+                 ((s.solution, s.definition, s.workloads, f"{s.mean_latency_us:.2f}",
+                   _num(s.arith_mean_speedup, ".2f"), _num(s.geo_mean_speedup, ".2f")) for s in run.scores()))
 
 
 def skipped_table(skipped: Iterable[Skipped]) -> Table:

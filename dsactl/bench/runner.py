@@ -4,8 +4,8 @@ Per workload and trial, inputs are prepared once (dsactl.harness.prepare with
 seed = trial) and every contender is timed on them, so all see the same data.
 The reference is a per-row Python loop: it is timed with REFERENCE_ITERS
 iterations after REFERENCE_WARMUP, and the output says so. Speedup = reference
-latency / contender latency; a solution's score is the mean of its
-per-workload speedups (the contest score).
+latency / contender latency; the contest score of a solution is the arithmetic
+mean of its per-workload speedups (docs/design.md, "Timing method").
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Sequence
 
 from dsactl import solutions
-from dsactl.bench import baselines, metrics, timing
+from dsactl.bench import baselines, metrics, served, timing
 from dsactl.bench.baselines import Contender, Skipped
 from dsactl.definitions import get as get_definition
 from dsactl.errors import DsactlError
-from dsactl.harness import prepare
+from dsactl.harness import Call, prepare
 from dsactl.workloads import Workload
 
 REFERENCE_ITERS = 3
@@ -40,12 +40,24 @@ class Settings:
     solutions: list[str] | None = None  # None: every registered solution serving the definition
 
 
-@dataclass
+def check_settings(settings: Settings) -> None:
+    """Raise DsactlError on the first invalid setting; needs no GPU, so a run fails before it starts."""
+    for name, low in (("warmup", 0), ("iters", 1), ("trials", 1)):
+        if getattr(settings, name) < low:
+            raise DsactlError(f"{name} must be at least {low}, got {getattr(settings, name)}")
+    timing.check_method(settings.method)
+    check_solution_names(settings.solutions)
+    if settings.baselines is not None:
+        baselines.check_names(settings.baselines)
+
+
+@dataclass(kw_only=True)
 class Result:
-    """One row: a contender on a workload."""
+    """One row: a contender on a workload. Columns an older CSV lacks take their defaults."""
 
     solution: str
     kind: str
+    impl: str = ""  # the implementation that served the row (dsactl.bench.served)
     definition: str
     workload: str
     label: str
@@ -59,13 +71,13 @@ class Result:
     spread_us: float
     trial_medians_us: list[float]
     size: int
-    bytes: int
-    flops: int
-    speedup: float | None = None
-    gbps: float | None = None
-    tflops: float | None = None
-    pct_peak_bw: float | None = None
-    pct_peak_flops: float | None = None
+    needed_bytes: int | None = None  # bytes the call must touch (dsactl.bench.metrics)
+    needed_flops: int | None = None  # FLOPs the call must do; None where it does no arithmetic
+    speedup: float | None = None  # reference median / this median
+    gbps: float | None = None  # needed_bytes / median, 1e9 B/s
+    pct_copy_bw: float | None = None  # gbps over the measured device-to-device copy bandwidth, %
+    tflops: float | None = None  # needed_flops / median, 1e12 FLOP/s
+    pct_bf16_peak: float | None = None  # tflops over the measured bf16 matmul rate, %
     active_sms: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -74,10 +86,14 @@ class Result:
 
 @dataclass
 class Score:
+    """One solution on one definition, over its workloads."""
+
     solution: str
     definition: str
     workloads: int
-    mean_speedup: float
+    mean_latency_us: float  # arithmetic mean of the per-workload medians
+    arith_mean_speedup: float | None  # the contest score; None without reference times
+    geo_mean_speedup: float | None
 
 
 @dataclass
@@ -87,12 +103,19 @@ class BenchRun:
     skipped: list[Skipped] = field(default_factory=list)
 
     def scores(self) -> list[Score]:
-        """Mean of per-workload speedups per (solution, definition), in first-seen order."""
-        groups: dict[tuple[str, str], list[float]] = {}
+        """Per (solution, definition) other than the reference, in first-seen order: mean latency
+        over its workloads, arithmetic and geometric mean of the speedups of those that have one."""
+        groups: dict[tuple[str, str], list[Result]] = {}
         for r in self.results:
-            if r.kind != "reference" and r.speedup is not None:
-                groups.setdefault((r.solution, r.definition), []).append(r.speedup)
-        return [Score(s, d, len(v), statistics.fmean(v)) for (s, d), v in groups.items()]
+            if r.kind != "reference":
+                groups.setdefault((r.solution, r.definition), []).append(r)
+        scores = []
+        for (s, d), rows in groups.items():
+            speedups = [r.speedup for r in rows if r.speedup is not None]
+            scores.append(Score(s, d, len(rows), statistics.fmean(r.median_us for r in rows),
+                                statistics.fmean(speedups) if speedups else None,
+                                statistics.geometric_mean(speedups) if speedups else None))
+        return scores
 
     def failed_solutions(self) -> list[Skipped]:
         """Solutions that raised on a workload (not those that cannot run here at all)."""
@@ -130,11 +153,16 @@ def check_solution_names(names: Sequence[str] | None) -> None:
 
 def _rates(r: Result, peaks: Any) -> None:
     seconds = r.median_us * 1e-6
-    r.gbps = r.bytes / seconds / 1e9
-    r.tflops = r.flops / seconds / 1e12 if r.flops else None
+    r.gbps = r.needed_bytes / seconds / 1e9
+    r.tflops = r.needed_flops / seconds / 1e12 if r.needed_flops is not None else None
     if peaks is not None:
-        r.pct_peak_bw = 100.0 * r.gbps / peaks.copy_gbps
-        r.pct_peak_flops = 100.0 * r.tflops / peaks.bf16_tflops if r.tflops is not None else None
+        r.pct_copy_bw = 100.0 * r.gbps / peaks.copy_gbps
+        r.pct_bf16_peak = 100.0 * r.tflops / peaks.bf16_tflops if r.tflops is not None else None
+
+
+def impl_of(c: Contender, call: Call) -> str:
+    """A solution's serving implementation; a reference or plug-in is its own name."""
+    return served.served_by(c.solution, call) if c.solution is not None else c.name
 
 
 def run_bench(workloads: Sequence[Workload], settings: Settings, timer: Timer, *, device: str = "cuda",
@@ -171,6 +199,7 @@ def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings
     failed: set[str] = set()
     work = None
     grids: dict[str, int | None] = {}
+    impls: dict[str, str] = {}
     for trial in range(settings.trials):
         if progress:
             progress(f"{w.uuid} trial {trial + 1}/{settings.trials}")
@@ -186,6 +215,7 @@ def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings
             try:
                 if c.name not in grids:
                     grids[c.name] = metrics.active_sms(c.entry, call.args(), sm_count) if c.entry and sm_count else None
+                    impls[c.name] = impl_of(c, call)
                 methods[c.name], got = timer(c.bind(call), iters, warmup)
             except Exception as e:  # a failing contender is reported, the run goes on
                 failed.add(c.name)
@@ -200,11 +230,12 @@ def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings
         stats = timing.summarize(samples[c.name])
         reference = c.kind == "reference"
         rows.append(Result(
-            solution=c.name, kind=c.kind, definition=w.definition, workload=w.uuid, label=w.label,
+            solution=c.name, kind=c.kind, impl=impls[c.name], definition=w.definition, workload=w.uuid, label=w.label,
             axes=describe_axes(w), method=methods[c.name],
             iters=REFERENCE_ITERS if reference else settings.iters, trials=settings.trials,
             median_us=stats.median_us, min_us=stats.min_us, max_us=stats.max_us, spread_us=stats.spread_us,
-            trial_medians_us=stats.trial_medians_us, size=work.size, bytes=work.bytes, flops=work.flops,
+            trial_medians_us=stats.trial_medians_us, size=work.size, needed_bytes=work.needed_bytes,
+            needed_flops=work.needed_flops,
             active_sms=grids.get(c.name)))
     return rows
 
@@ -277,11 +308,9 @@ def bench(workloads: Sequence[Workload], settings: Settings, command: str,
 
     from dsactl.bench import peaks as peaks_mod
 
+    check_settings(settings)
     if not torch.cuda.is_available():
         raise DsactlError("bench needs a CUDA GPU (torch sees none)")
-    check_solution_names(settings.solutions)
-    if settings.baselines is not None:
-        baselines.check_names(settings.baselines)
     flusher = timing.L2Flusher()
     peaks = peaks_mod.load_or_measure()
     method, check, rejected = checked_method(settings.method, peaks, flusher)

@@ -171,11 +171,16 @@ def available_methods() -> list[str]:
     return [m for m in METHODS if AVAILABLE[m]()]
 
 
+def check_method(requested: str | None) -> None:
+    """Raise DsactlError unless requested is None, auto or one of METHODS (no GPU needed)."""
+    if requested not in (None, "auto", *METHODS):
+        raise DsactlError(f"unknown timing method {requested!r}; choose auto, {', '.join(METHODS)}")
+
+
 def pick_method(requested: str | None = None) -> str:
     """The requested method if it works here, else the first available in METHODS order."""
+    check_method(requested)
     if requested not in (None, "auto"):
-        if requested not in METHODS:
-            raise DsactlError(f"unknown timing method {requested!r}; choose auto or one of {', '.join(METHODS)}")
         if not AVAILABLE[requested]():
             raise DsactlError(f"timing method {requested} is not available here (available: "
                               f"{', '.join(available_methods()) or 'none'})")

@@ -71,10 +71,14 @@ def register(app: typer.Typer) -> None:
         from dsactl import workloads as wl
         from dsactl.bench import compare, plot, report, runner
 
-        selected = wl.select(suite, dataset, definition, workload or ())
         settings = runner.Settings(warmup=warmup, iters=iters, trials=trials, method=method,
                                    include_reference=not no_reference, baselines=baseline or None,
                                    solutions=solution or None)
+        runner.check_settings(settings)
+        for path in (csv_path, json_path):
+            if path:
+                report.check_writable(path)
+        selected = wl.select(suite, dataset, definition, workload or ())
         old = report.read_csv(compare_path) if compare_path else None
 
         save = not no_save or csv_path or json_path
@@ -88,6 +92,8 @@ def register(app: typer.Typer) -> None:
                     paths["csv"] = Path(csv_path or default_csv)
                 if json_path or not no_save:
                     paths["json"] = Path(json_path or default_json)
+                for path in paths.values():
+                    report.check_writable(path)
             console.print(f"GPU {meta['gpu']} ({meta['sm_count']} SMs, SM clock {meta['sm_clock_mhz']}/"
                           f"{meta['max_sm_clock_mhz']} MHz, driver {meta['driver']}); timing: {meta['timing_method']}, "
                           f"{warmup} warmup + {iters} iterations x {trials} trials, cold L2")
