@@ -81,6 +81,11 @@ def contest() -> str:
                 "speedup, geometric mean"], out, right_from=2)
 
 
+# Under 64 heads sparse decode does too little math per gathered byte to be bound by the tensor cores:
+# its yardstick is the copy bandwidth (docs/design.md, "Kernels").
+MEMORY_BOUND_BELOW_HEADS = 64
+
+
 def _attention(fp8: bool) -> str:
     """Production attention, one KV format: latency per heads x tokens for our kernel and FlashMLA timed in
     the same run, FlashMLA's time over ours, and the implementation that served our rows."""
@@ -103,6 +108,9 @@ def _attention(fp8: bool) -> str:
         impl = sorted({getattr(r, "impl", "") or "" for r in ours.values()} - {""})
         rows.append((f"{h}", "dsactl" + (f" ({', '.join(impl)})" if impl else ""),
                      *(_us(ours[t].median_us) if t in ours else "—" for t in ts)))
+        if h < MEMORY_BOUND_BELOW_HEADS:
+            rows.append((f"{h}", "dsactl, % of copy bandwidth",
+                         *(f"{ours[t].pct_copy_bw:.0f}%" if t in ours and ours[t].pct_copy_bw else "—" for t in ts)))
         if theirs:
             rows.append((f"{h}", "FlashMLA" + (" (padded to 64 heads)" if h < 64 else ""),
                          *(_us(theirs[t].median_us) if t in theirs else "—" for t in ts)))

@@ -344,13 +344,13 @@ def _attention_call(heads=64):
     return Call(d, None, inputs, d.allocate_outputs(d.check_inputs(inputs), "cpu"))
 
 
-def test_served_by_names_the_launcher_the_attention_solution_dispatches_to(monkeypatch):
-    from dsactl.kernels.attention import hopper_mla
+def test_served_by_names_the_implementation_the_attention_solution_dispatches_to(monkeypatch):
+    from dsactl.kernels.attention import dispatch
 
     shipped = solutions.get("dsactl-attention")
-    assert served.served_by(shipped, _attention_call()) == "triton_sparse_mla"  # no sm_90 GPU here
-    monkeypatch.setattr(hopper_mla, "serves", lambda *args, **kwargs: True)
-    assert served.served_by(shipped, _attention_call()) == "hopper_mla"
+    assert served.served_by(shipped, _attention_call()) == dispatch.TRITON  # no sm_90 GPU here
+    monkeypatch.setenv(dispatch.ATTENTION_KERNEL_ENV, dispatch.HOPPER)
+    assert served.served_by(shipped, _attention_call()) == dispatch.HOPPER
     # A baseline in the same module is not dispatched.
     assert served.served_by(solutions.get("torch-attention"), _attention_call()) == "python"
 
@@ -638,4 +638,4 @@ def test_one_contest_workload_per_definition_end_to_end():
             assert 0 < r.min_us <= r.median_us <= r.max_us and r.speedup > 0 and r.gbps > 0
             assert r.impl
             if r.solution == "dsactl-attention":
-                assert r.impl in ("hopper_mla", "triton_sparse_mla")
+                assert r.impl in ("hopper", "triton")

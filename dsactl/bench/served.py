@@ -2,8 +2,8 @@
 
 A solution may choose its kernel per call: the sparse attention solution's module
 has a dispatch function that takes the call's arguments by name and returns the
-launcher it would run (docs/design.md, "Dispatch"). The row then names that
-launcher's module (`hopper_mla`, `triton_sparse_mla`). A solution whose module
+name of the implementation it would run (docs/design.md, "Dispatch"): `hopper` or
+`triton`, which the row records. A solution whose module
 has no dispatch function is named by its language; a baseline solution is never
 dispatched, even where its entry shares the module of a dispatching one.
 """
@@ -19,11 +19,10 @@ DISPATCH = "implementation_for"  # the dispatch function's name in a solution's 
 
 
 def served_by(solution: Solution, call: Call) -> str:
-    """The module name of the launcher that serves this call, else the solution's language."""
+    """The implementation that serves this call, else the solution's language."""
     if solution.baseline:
         return solution.language
     choose = getattr(importlib.import_module(solution.entry.partition(":")[0]), DISPATCH, None)
     if choose is None:
         return solution.language
-    launcher = choose(**call.inputs, **call.outputs)
-    return launcher.__module__.rpartition(".")[2]
+    return choose(**call.inputs, **call.outputs)
