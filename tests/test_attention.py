@@ -483,6 +483,17 @@ def test_gpu_grid_far_larger_than_the_gpu_is_exact(suffix):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("heads", tsm.HEADS)
+@pytest.mark.parametrize("suffix", ["", "_fp8kv"])
+@pytest.mark.parametrize("num_splits", [None, 1, 5])
+def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, suffix, num_splits):
+    definition = _definition(heads, 2048, suffix)
+    inputs = _inputs(definition, 4, 64, "cuda", seed=heads, pattern="scattered")
+    check_out_of_range_ids(definition, inputs, _launcher_kwargs(definition, num_splits),
+                           (tsm.bad_index_count, tsm.reset_bad_index_count))
+
+
+@pytest.mark.gpu
 def test_gpu_repeated_calls_are_bitwise_identical():
     """The split partials and their combine are deterministic: a race would move the result."""
     definition = _definition(16, 2048)
