@@ -48,13 +48,16 @@ class BadIndexCounter:
         self.tensor(device).zero_()
 
 
-def check_ids(who: str, name: str, ids: torch.Tensor, limit: int, read: torch.Tensor | None = None) -> None:
-    """Raise naming the first position of ids [R, C] (among those `read` marks, if given) that is
-    neither -1 nor in [0, limit)."""
-    bad = (ids != -1) & ((ids < 0) | (ids >= limit))
+def check_ids(who: str, name: str, ids: torch.Tensor, limit: int, read: torch.Tensor | None = None,
+              padding: bool = True) -> None:
+    """Raise naming the first position of ids [R, C] (among those `read` marks, if given) outside
+    [0, limit) and, where padding, not -1."""
+    bad = (ids < 0) | (ids >= limit)
+    if padding:
+        bad &= ids != -1
     if read is not None:
         bad &= read
     if bool(bad.any()):
         row, col = (int(x) for x in bad.nonzero()[0])
-        raise KernelInputError(f"{who}: {name}[{row}, {col}] = {int(ids[row, col])} is outside [0, {limit}) "
-                               f"and is not -1")
+        raise KernelInputError(f"{who}: {name}[{row}, {col}] = {int(ids[row, col])} is outside [0, {limit})"
+                               + (" and is not -1" if padding else ""))
