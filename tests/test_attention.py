@@ -59,9 +59,9 @@ def _launcher_kwargs(definition: str, num_splits: int | None):
     """The Triton launcher with the keyword arguments of a definition variant."""
     d = get(definition)
 
-    def run(*args):
+    def run(*args, **kwargs):
         named = dict(zip(d.signature, args))
-        tsm.sparse_mla_attention(**named, lse_base_e=d.params["lse_base"] != 2.0, num_splits=num_splits)
+        tsm.sparse_mla_attention(**named, lse_base_e=d.params["lse_base"] != 2.0, num_splits=num_splits, **kwargs)
 
     return run
 
@@ -105,6 +105,70 @@ def test_interpreted_kernel_matches_reference(case):
     _assert_matches_reference(definition, inputs, outputs)
     if params.get("pattern") == "empty":
         assert bool((outputs["output"] == 0).all()) and bool((outputs["lse"] == float("-inf")).all())
+
+
+def plant_out_of_range_ids(inputs: dict) -> tuple[dict, dict, int]:
+    """(inputs whose rows hold ids past the cache (5e7, one past its last), -7, and its last id, the same
+    inputs with the out-of-range ids replaced by -1, how many were planted)."""
+    cache = inputs["kv_cache"] if "kv_cache" in inputs else inputs["ckv_cache"]
+    tokens = cache.shape[0] * cache.shape[1]
+    bad = inputs["sparse_indices"].clone()
+    assert bad.shape[0] >= 2 and bad.shape[1] >= 8
+    bad[0, 1], bad[0, 5], bad[1, 2], bad[1, 3] = 50_000_000, -7, tokens, tokens - 1
+    bad[-1, -1] = tokens
+    replaced = torch.where((bad >= 0) & (bad < tokens), bad, -1)
+    planted = int(((bad != -1) & (replaced == -1)).sum())
+    assert planted == 4
+    return {**inputs, "sparse_indices": bad}, {**inputs, "sparse_indices": replaced}, planted
+
+
+OUT_OF_RANGE_CASES = {
+    # name: (definition, num_tokens, num_pages, num_splits): every split kernel, one and several splits,
+    # and two head groups (128 heads) that must count an id once.
+    "bf16_one_split": (_definition(16, 128), 2, 4, 1),
+    "bf16_splits": (_definition(16, 128, "_lsee_sink"), 2, 4, 3),
+    "bf16_128_heads": (_definition(128, 64), 2, 2, 2),
+    "fp8kv_prefetch": (_definition(16, 128, "_fp8kv"), 2, 4, 3),
+    "fp8kv_64_heads": (_definition(64, 64, "_fp8kv"), 2, 2, 1),
+}
+
+
+def check_out_of_range_ids(definition: str, inputs: dict, launcher, counts) -> None:
+    """Out-of-range ids give the reference of their -1 replacements and are counted; check=True refuses
+    them naming the first one. counts: (bad_index_count, reset_bad_index_count) of the launcher's module."""
+    bad, replaced, planted = plant_out_of_range_ids(inputs)
+    device = inputs["q_nope"].device
+    count, reset = counts
+    reset(device)
+    outputs = _run(launcher, definition, bad)
+    _assert_matches_reference(definition, replaced, outputs)
+    assert count(device) == planted
+    with pytest.raises(KernelError, match=r"sparse_indices\[0, 1\] = 50000000 is outside \[0, "):
+        _run(launcher, definition, bad, check=True)
+    assert count(device) == planted  # refused before any launch
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
+@pytest.mark.parametrize("case", list(OUT_OF_RANGE_CASES))
+def test_interpreted_ids_outside_the_cache_are_masked_and_counted(case):
+    definition, num_tokens, num_pages, num_splits = OUT_OF_RANGE_CASES[case]
+    inputs = _inputs(definition, num_tokens, num_pages, "cpu", seed=len(case), pattern="scattered")
+    check_out_of_range_ids(definition, inputs, _launcher_kwargs(definition, num_splits),
+                           (tsm.bad_index_count, tsm.reset_bad_index_count))
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
+def test_interpreted_check_env_refuses_ids_outside_the_cache(monkeypatch):
+    definition = _definition(16, 64)
+    bad, _, _ = plant_out_of_range_ids(_inputs(definition, 2, 1, "cpu"))
+    monkeypatch.setenv("DSACTL_CHECK", "1")
+    with pytest.raises(KernelError, match=r"sparse_indices\[0, 1\]"):
+        _run(_launcher_kwargs(definition, None), definition, bad)
+    with_topk_length = _definition(16, 64, "_topklen")
+    bad, replaced, _ = plant_out_of_range_ids(_inputs(with_topk_length, 2, 1, "cpu"))
+    bad["topk_length"] = replaced["topk_length"] = torch.tensor([1, 2], dtype=torch.int32)
+    outputs = _run(_launcher_kwargs(with_topk_length, None), with_topk_length, bad)  # past the lengths: unread
+    _assert_matches_reference(with_topk_length, replaced, outputs)
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
@@ -345,6 +409,7 @@ def test_launcher_rejects_malformed_inputs():
         "contiguous last dimension": {"q_pe": inputs["q_pe"].repeat_interleave(2, dim=-1)[..., ::2]},
         "pass either kv_cache": {"kv_cache": torch.zeros(4, 64, 656, dtype=torch.int8)},
         "lse has shape": {"lse": outputs["lse"][:1]},
+        "kpe_cache has \\[3, 64\\] pages x tokens": {"kpe_cache": inputs["kpe_cache"][:3]},
     }
     for message, change in bad_cases.items():
         with pytest.raises(KernelError, match=message):
@@ -415,6 +480,17 @@ def test_gpu_grid_far_larger_than_the_gpu_is_exact(suffix):
     inputs = _inputs(definition, 48, 256, "cuda", seed=11, pattern="scattered", valid=(2048, 1, 0, 1500) * 12)
     outputs = _run(_launcher_kwargs(definition, 32), definition, inputs)
     _assert_matches_reference(definition, inputs, outputs)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("heads", tsm.HEADS)
+@pytest.mark.parametrize("suffix", ["", "_fp8kv"])
+@pytest.mark.parametrize("num_splits", [None, 1, 5])
+def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, suffix, num_splits):
+    definition = _definition(heads, 2048, suffix)
+    inputs = _inputs(definition, 4, 64, "cuda", seed=heads, pattern="scattered")
+    check_out_of_range_ids(definition, inputs, _launcher_kwargs(definition, num_splits),
+                           (tsm.bad_index_count, tsm.reset_bad_index_count))
 
 
 @pytest.mark.gpu

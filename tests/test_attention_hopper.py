@@ -141,19 +141,22 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     fake = 1 << 20  # an aligned address that is never dereferenced: every call below fails its checks first
 
     def call(heads=64, topk=2048, splits=1, num_tokens=1, q_stride=576, kv_a=fake, parts=(fake, fake, fake),
-             in_cluster=0, bf16_partials=0):
+             in_cluster=0, bf16_partials=0, cache_tokens=4096, bad_count=fake):
         return lib.dsa_hopper_mla_decode(fake, q_stride * heads, q_stride, fake, q_stride * heads, q_stride, 0,
                                          kv_a, 512, fake, 64, fake, topk, num_tokens, heads, topk, splits, in_cluster,
-                                         bf16_partials, 1.0, 1.0, fake, 512 * heads, 512, fake, heads, 1, *parts, None)
+                                         bf16_partials, 1.0, 1.0, fake, 512 * heads, 512, fake, heads, 1, *parts,
+                                         cache_tokens, bad_count, None)
 
     bad_shape, bad_alignment, null, bad_cluster, partials_unused = -1, -2, -3, -5, -7
     assert call(heads=16) == bad_shape and call(heads=96) == bad_shape
     assert call(topk=100) == bad_shape and call(topk=4096) == bad_shape and call(topk=0) == bad_shape
     assert call(splits=0) == bad_shape and call(splits=hopper_mla.MAX_SPLITS + 1) == bad_shape
-    assert call(num_tokens=-1) == bad_shape
+    assert call(num_tokens=-1) == bad_shape and call(cache_tokens=-1) == bad_shape
     assert call(num_tokens=65536) == bad_shape
     assert call(num_tokens=0) == 0  # nothing to do: no CUDA call at all
     assert call(kv_a=0) == null and call(splits=2, parts=(None, None, None)) == null
+    assert call(bad_count=None) == null
+    assert call(cache_tokens=0, q_stride=580) == bad_alignment  # an empty cache is valid: every id is masked
     assert call(q_stride=580) == bad_alignment and call(kv_a=fake + 8) == bad_alignment
     # Splits merged in a cluster: exactly 2 of them, and no partials needed.
     for splits in (1, 3, 4, 16, 64):
@@ -418,6 +421,24 @@ def test_gpu_matches_reference(heads, num_tokens, suffix):
     _assert_matches_reference(definition, inputs, outputs)
     empty = [t for t, n in enumerate(valid) if n == 0]
     assert bool((outputs["output"][empty] == 0).all()) and bool((outputs["lse"][empty] == float("-inf")).all())
+
+
+@pytest.mark.gpu
+@on_sm90
+@pytest.mark.parametrize("heads", hopper_mla.HEADS)
+@pytest.mark.parametrize("suffix", ["", "_fp8kv"])
+@pytest.mark.parametrize("num_splits", [None, 1, 2, 3])
+def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, suffix, num_splits):
+    from test_attention import check_out_of_range_ids
+    definition = _definition(heads, 2048, suffix)
+    inputs = _inputs(definition, 4, 64, "cuda", seed=heads, pattern="scattered")
+    d = get(definition)
+
+    def launcher(*args, **kwargs):
+        hopper_mla.sparse_mla_attention(**dict(zip(d.signature, args)), num_splits=num_splits, **kwargs)
+
+    check_out_of_range_ids(definition, inputs, launcher,
+                           (hopper_mla.bad_index_count, hopper_mla.reset_bad_index_count))
 
 
 @pytest.mark.gpu

@@ -15,7 +15,7 @@ from dsactl.fp8 import PAGE_SIZE, dequantize_index_k
 from dsactl.harness import INT_POISON
 from dsactl.kernels.indexer.passthrough import passthrough
 from dsactl.kernels.indexer.score import (H200_SMS, LARGE_KEYS, LARGE_PROGRAMS_PER_SM, PROGRAMS_PER_SM,
-                                          choose_config, score)
+                                          bad_index_count, choose_config, reset_bad_index_count, score)
 from dsactl.kernels.indexer import solution
 from dsactl.kernels.indexer.solution import dsa_topk_indexer
 from dsactl.kernels.indexer.torch_baseline import dsa_topk_indexer_torch
@@ -198,7 +198,7 @@ def test_passthrough_is_the_page_mapping(next_n, topk):
         table[b, (s + PAGE_SIZE - 1) // PAGE_SIZE:] = -1  # unused slots are never dereferenced
     lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
     out = torch.full((batch * next_n, topk), INT_POISON, dtype=torch.int32, device=DEVICE)
-    passthrough(lens, table, out, next_n)
+    passthrough(lens, table, out, next_n, batch * max_pages)
     for r in range(batch * next_n):
         visible = max(seq_lens[r // next_n] - next_n + r % next_n + 1, 0)
         assert torch.equal(out[r, :visible].long(), physical_ids(table, r // next_n, visible))
@@ -209,7 +209,65 @@ def test_passthrough_refuses_rows_longer_than_topk():
     table = torch.zeros(1, 9, dtype=torch.int32, device=DEVICE)
     with pytest.raises(KernelError, match="max_num_pages"):
         passthrough(torch.ones(1, dtype=torch.int32, device=DEVICE), table,
-                    torch.empty(1, 512, dtype=torch.int32, device=DEVICE), 1)
+                    torch.empty(1, 512, dtype=torch.int32, device=DEVICE), 1, 9)
+
+
+def test_passthrough_refuses_a_block_table_that_is_not_int32_or_short_of_the_batch():
+    lens, out = torch.ones(2, dtype=torch.int32, device=DEVICE), torch.empty(2, 512, dtype=torch.int32, device=DEVICE)
+    with pytest.raises(KernelError, match="block_table must be int32"):
+        passthrough(lens, torch.zeros(2, 8, dtype=torch.int64, device=DEVICE), out, 1, 8)
+    with pytest.raises(KernelError, match="block_table has 1 rows for a batch of 2"):
+        passthrough(lens, torch.zeros(1, 8, dtype=torch.int32, device=DEVICE), out, 1, 8)
+
+
+def plant_out_of_range_pages(table, seq_lens, num_pages):
+    """A copy of table with page ids 5e7, -7 and num_pages (one past the cache) among the requests' pages
+    (page 0 of each request beyond the first keeps its id, num_pages - 1 stays valid); how many."""
+    bad = table.clone()
+    planted = [50_000_000, -7, num_pages]
+    spots = [(b, p) for b, s in enumerate(seq_lens) for p in range(1, (s + PAGE_SIZE - 1) // PAGE_SIZE)]
+    assert len(spots) >= len(planted)
+    for (b, p), page in zip(spots, planted):
+        bad[b, p] = page
+    return bad, len(planted)
+
+
+def test_pages_outside_the_cache_score_minus_inf_unread_and_counted():
+    seq_lens, next_n = [200, 300], 2
+    inputs = make_case(seq_lens, heads=64, next_n=next_n, extra_pages=1, table_pad=-1, seed=11)
+    num_pages = inputs["k_index_cache_fp8"].shape[0]
+    table, planted = plant_out_of_range_pages(inputs["block_table"], seq_lens, num_pages)
+    rows, width = len(seq_lens) * next_n, table.shape[1] * PAGE_SIZE
+    scores = torch.full((rows, width), float("nan"), device=DEVICE)
+    lengths = torch.full((rows,), INT_POISON, dtype=torch.int32, device=DEVICE)
+    reset_bad_index_count(DEVICE)
+    score(inputs["q_index_fp8"], inputs["k_index_cache_fp8"], inputs["weights"], inputs["seq_lens"], table, scores,
+          lengths)
+    assert bad_index_count(DEVICE) == planted
+    for r, want in reference_scores(inputs, next_n).items():
+        b, visible = r // next_n, want.numel()
+        pages = table[b, torch.arange(visible, device=DEVICE) // PAGE_SIZE]
+        in_cache = (pages >= 0) & (pages < num_pages)
+        torch.testing.assert_close(scores[r, :visible][in_cache], want[in_cache], rtol=1e-4, atol=1e-3)
+        assert (scores[r, :visible][~in_cache] == float("-inf")).all()
+
+
+def test_passthrough_translates_pages_outside_the_cache_to_minus_one():
+    seq_lens, next_n, max_pages, num_pages = [130, 200], 2, 8, 16
+    table = torch.randperm(num_pages, device=DEVICE)[: 2 * max_pages].to(torch.int32).view(2, max_pages)
+    bad, planted = plant_out_of_range_pages(table, seq_lens, num_pages)
+    bad[0, 7] = 50_000_000  # past the request's pages: not read as a page, not counted
+    lens = torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE)
+    out = torch.full((2 * next_n, 512), INT_POISON, dtype=torch.int32, device=DEVICE)
+    reset_bad_index_count(DEVICE)
+    passthrough(lens, bad, out, next_n, num_pages)
+    assert bad_index_count(DEVICE) == planted
+    for r in range(2 * next_n):
+        visible = seq_lens[r // next_n] - next_n + r % next_n + 1
+        pages = bad[r // next_n, torch.arange(visible, device=DEVICE) // PAGE_SIZE]
+        want = torch.where((pages >= 0) & (pages < num_pages), physical_ids(bad, r // next_n, visible), -1)
+        assert torch.equal(out[r, :visible].long(), want)
+        assert (out[r, visible:] == -1).all()
 
 
 # --- complete solution and baseline ---------------------------------------------------------

@@ -396,3 +396,13 @@ def test_kernel_rejects_mismatched_shapes():
     with pytest.raises(KernelError, match="lengths must be int32"):
         topk_page_transform(case["scores"], case["lengths"].long(), case["block_table"], None,
                             torch.empty(2, TOPK, dtype=torch.int32, device="cuda"), TOPK)
+
+
+@pytest.mark.gpu
+def test_check_refuses_row_to_batch_past_the_block_table():
+    case = make_case([300, 5000], torch.float32, rows_per_request=1, seed=5, device="cuda")
+    case["row_to_batch"][1] = case["block_table"].shape[0]
+    out = torch.empty(2, TOPK, dtype=torch.int32, device="cuda")
+    with pytest.raises(KernelError, match=r"row_to_batch\[0, 1\] = 2 is outside \[0, 2\)"):
+        topk_page_transform(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"], out, TOPK,
+                            check=True)

@@ -85,6 +85,7 @@
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <type_traits>
 
@@ -236,6 +237,10 @@ struct Params {
   void* part_acc;  // float, or __nv_bfloat16 with bf16_partials
   float* part_m;
   float* part_l;
+  // Ids are valid below this (the cache's tokens); the rest are masked and counted in *bad_index_count.
+  // Last, so that the offsets of the fields above stay as they were.
+  uint32_t cache_tokens;
+  int* bad_index_count;
 };
 
 // bf16 with Q by TMA: q_nope and q_pe as [tokens][heads][512 | 64] tensor maps, 64 x 64 boxes, 128-byte
@@ -315,11 +320,17 @@ struct Work {
   int t, group, split, n_mine, num_blocks;
 };
 
-// Row position of block b's token i in split s: s + (b * 64 + i) * S, valid below n_mine.
-__device__ __forceinline__ int gather_index(const Params& p, const Work& w, int b, int token) {
+// Row position of block b's token i in split s: s + (b * 64 + i) * S, valid below n_mine. An id outside
+// [0, cache_tokens) is masked as -1 (one unsigned compare on the valid path), so no input value makes a
+// gather leave the cache; the caller that `counts` it (one lane per token, one CTA per gather) adds
+// the ones that are not the contract's -1 to the device counter.
+__device__ __forceinline__ int gather_index(const Params& p, const Work& w, int b, int token, bool counts) {
   const int j = b * kBlockTokens + token;
   if (j >= w.n_mine) return -1;
-  return __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
+  const int idx = __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
+  if (static_cast<uint32_t>(idx) < p.cache_tokens) return idx;
+  if (counts && idx != -1) atomicAdd(p.bad_index_count, 1);
+  return -1;
 }
 
 // ---- producer: bf16 -------------------------------------------------------------------------------
@@ -341,9 +352,11 @@ __device__ __forceinline__ int exponent_of(int bits) { return (bits >> 23) - 127
 constexpr int kMaskedColumn = -1;
 __device__ __forceinline__ int column_code(int shift) { return __float_as_int(pow2(shift)); }
 
-// This lane's token index of pass q (kPasses passes per block).
+// This lane's token index of pass q (kPasses passes per block). Every head group's CTA gathers the
+// same ids: the first counts them.
 __device__ __forceinline__ int pass_index(const Params& p, const Work& w, int q) {
-  return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken);
+  return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken,
+                      threadIdx.x % kLanesPerToken == 0 && w.group == 0);
 }
 
 __device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
@@ -544,7 +557,9 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
   // The first token of this CTA's pass q (kMyPasses per block), block-relative; this lane's token.
   const auto first_token_of = [rank](int q) { return (rank * kMyPasses + q % kMyPasses) * kTokensPerPass; };
   const auto token_of = [&](int q) { return first_token_of(q) + static_cast<int>(threadIdx.x) / kLanesPerToken; };
-  const auto index_of = [&](int q) { return gather_index(p, w, q / kMyPasses, token_of(q)); };
+  // Peers in a cluster gather disjoint passes, so each counts its own; apart, the first head group counts.
+  const bool counts = threadIdx.x % kLanesPerToken == 0 && (kPeers > 1 || w.group == 0);
+  const auto index_of = [&](int q) { return gather_index(p, w, q / kMyPasses, token_of(q), counts); };
   const int passes = w.num_blocks * kMyPasses;
   if (passes == 0) return;
   Fp8Slice cur = load_fp8(p, index_of(0));
@@ -1323,6 +1338,9 @@ int launch(const Params& p, int num_tokens, cudaStream_t stream, const QMapsOf<k
 
 using namespace hopper_mla;
 
+// Every non-negative int32 id is below this: a larger cache bounds nothing more.
+constexpr long long kMaxCacheTokens = 1LL << 31;
+
 extern "C" {
 
 int dsa_hopper_mla_smem_bytes() { return kSmemBytes; }
@@ -1339,13 +1357,16 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                           int num_splits, int reduce_in_cluster, int bf16_partials, float sm_scale_log2,
                           float lse_scale, void* out, long long out_stride_t, long long out_stride_h, float* lse,
                           long long lse_stride_t, long long lse_stride_h,
-                          void* part_acc, float* part_m, float* part_l, cudaStream_t stream) {
+                          void* part_acc, float* part_m, float* part_l, long long cache_tokens,
+                          int* bad_index_count, cudaStream_t stream) {
   if (heads != 64 && heads != 128) return kBadShape;
   if (topk < kBlockTokens || topk > kMaxTopk || topk % kBlockTokens != 0) return kBadShape;
-  if (num_splits < 1 || num_splits > kMaxSplits || num_tokens < 0 || num_tokens > kMaxTokens) return kBadShape;
+  if (num_splits < 1 || num_splits > kMaxSplits || num_tokens < 0 || num_tokens > kMaxTokens || cache_tokens < 0) {
+    return kBadShape;
+  }
   if (num_tokens == 0) return kOk;
   if (q_nope == nullptr || q_pe == nullptr || kv_a == nullptr || indices == nullptr || out == nullptr ||
-      lse == nullptr || (!fp8kv && kv_b == nullptr)) {
+      lse == nullptr || bad_index_count == nullptr || (!fp8kv && kv_b == nullptr)) {
     return kNullPointer;
   }
   if (reduce_in_cluster && num_splits != kClusterSplits) return kBadClusterSplits;
@@ -1365,7 +1386,8 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                  static_cast<const __nv_bfloat16*>(q_pe), q_pe_stride_t, q_pe_stride_h, kv_a, kv_a_stride, kv_b,
                  kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, bf16_partials != 0, reduce_in_cluster != 0,
                  sm_scale_log2, lse_scale, static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse,
-                 lse_stride_t, lse_stride_h, part_acc, part_m, part_l};
+                 lse_stride_t, lse_stride_h, part_acc, part_m, part_l,
+                 static_cast<uint32_t>(std::min(cache_tokens, kMaxCacheTokens)), bad_index_count};
   const int split0_tokens = (topk + num_splits - 1) / num_splits;  // the most any split takes
   if (!fp8kv) {
     if (split0_tokens > kBlockTokens * kQTmaMaxBlocks) return launch<false, 1, false>(p, num_tokens, stream);
@@ -1386,7 +1408,8 @@ const char* dsa_hopper_mla_error_string(int code) {
     case kBadShape:
       static_assert(kBlockTokens == 64 && kMaxTopk == 2048 && kMaxSplits == 64 && kMaxTokens == 65535,
                     "the message below spells these limits out");
-      return "heads must be 64 or 128, topk a multiple of 64 in [64, 2048], num_splits in [1, 64], tokens <= 65535";
+      return "heads must be 64 or 128, topk a multiple of 64 in [64, 2048], num_splits in [1, 64], tokens <= 65535, "
+             "cache_tokens >= 0";
     case kBadAlignment: return "pointers must be 16-byte aligned and row strides multiples of 8 elements";
     case kNullPointer: return "null device pointer";
     case kUnsupportedArch: return "the Hopper sparse MLA kernel runs only on compute capability 9.0 (sm_90a)";

@@ -36,6 +36,7 @@ from functools import lru_cache
 
 import torch
 
+from ..bad_index import checking
 from ..cuda_library import load_library
 from ..errors import KernelBuildError, KernelError, KernelInputError
 from ..fp8 import MLA_TOKEN_BYTES
@@ -154,6 +155,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         p, i64, i64,  # output, strides
         p, i64, i64,  # lse, strides
         p, p, p,  # partials: acc, m, l
+        i64, p,  # cache_tokens (ids are valid below it), int32 counter of the masked out-of-range ids
         p,  # cudaStream_t
     ]
     lib.dsa_hopper_mla_error_string.restype = ctypes.c_char_p
@@ -211,14 +213,20 @@ def sparse_mla_attention(
     kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
     lse_base_e: bool = False, num_splits: int | None = None, reduce_in_cluster: bool | None = None,
+    check: bool | None = None,
 ) -> None:
     """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention;
     topk_length and attn_sink must be None). num_splits overrides the split formula, reduce_in_cluster
-    the choice of merging the splits in a cluster rather than by the combine kernel."""
+    the choice of merging the splits in a cluster rather than by the combine kernel. Ids outside the
+    cache are masked and counted in the Triton launcher's counter (bad_index_count); check (default:
+    DSACTL_CHECK=1) refuses them on the host first."""
     num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache,
                                                   kpe_cache, kv_cache, topk_length, attn_sink)
     device = q_nope.device
     check_arch(device)
+    tokens_in_cache = tsm.cache_tokens(ckv_cache, kv_cache)
+    if checking(check):
+        tsm.check_ids_in_cache(sparse_indices, None, tokens_in_cache, WHO)
     if num_tokens == 0:
         return
     num_sms = tsm._num_sms(device)
@@ -252,6 +260,7 @@ def sparse_mla_attention(
             output.data_ptr(), output.stride(0), output.stride(1),
             lse.data_ptr(), lse.stride(0), lse.stride(1),
             *(None if t is None else t.data_ptr() for t in partials),
+            tokens_in_cache, tsm.BAD_INDICES.tensor(device).data_ptr(),
             torch.cuda.current_stream(device).cuda_stream,
         )
     if code != 0:
@@ -260,6 +269,10 @@ def sparse_mla_attention(
     if combined:
         tsm.combine(partials, None, output, lse, lse_scale, heads, splits, num_tokens)
 
+
+# One counter for the operator, whichever kernel served the call.
+bad_index_count = tsm.bad_index_count
+reset_bad_index_count = tsm.reset_bad_index_count
 
 # Entries with the definitions' signatures, for the variants served (no _topklen, no _sink).
 SERVED_VARIANTS = tuple(Variant(fp8kv, lse_e) for fp8kv in (False, True) for lse_e in (False, True))

@@ -40,6 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..bad_index import MAX_INT32, BadIndexCounter, check_ids, checking
 from ..errors import KernelInputError
 from ..fp8 import (MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET,
                     MLA_TOKEN_BYTES)
@@ -122,13 +123,21 @@ def _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length):
 
 
 @triton.jit
-def _split_ids(row_ptr, n_mine, num_splits, ROW_PAD: tl.constexpr):
+def _split_ids(row_ptr, n_mine, num_splits, cache_tokens, bad_count_ptr, ROW_PAD: tl.constexpr):
     """The ids of a split's n_mine positions [ROW_PAD], -1 past them, loaded once before the loop. Loaded
     per tile inside the loop instead (the earlier form), each tile's id load sat in the chain that leads
     to its rows' copies; hoisted, the pipelined loop only gathers them from shared memory (H200, full
-    rows of 2048, h128 T=128 bf16 311 against 331 us)."""
+    rows of 2048, h128 T=128 bf16 311 against 331 us).
+    An id outside [0, cache_tokens) becomes -1 here, the one place ids enter, so no input value makes
+    a gather leave the cache; all but -1 are added to *bad_count_ptr by the first head group only (every
+    group loads the same ids), an atomic on the bad path alone."""
     jr = tl.arange(0, ROW_PAD)
-    return tl.load(row_ptr + jr * num_splits, mask=jr < n_mine, other=-1)
+    ids = tl.load(row_ptr + jr * num_splits, mask=jr < n_mine, other=-1)
+    outside = (ids < 0) | (ids >= cache_tokens)
+    n_bad = tl.sum((outside & (ids != -1)).to(tl.int32), 0)
+    if (n_bad > 0) & (tl.program_id(0) == 0):
+        tl.atomic_add(bad_count_ptr, n_bad)
+    return tl.where(outside, -1, ids)
 
 
 @triton.jit
@@ -189,11 +198,11 @@ def _write_groups(acc0, acc1, acc2, acc3, c, m, l, t, split, heads, num_splits, 
            HEADS, False)
 
 
-@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
+@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink", "cache_tokens"])
 def _sparse_mla_bf16_kernel(
     q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, indices_ptr, topk_length_ptr, sink_ptr,
-    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
-    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink,
+    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, bad_count_ptr,
+    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink, cache_tokens,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_ckv, stride_kpe, stride_idx_t,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
     HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
@@ -216,7 +225,8 @@ def _sparse_mla_bf16_kernel(
     q_nope = tl.load(q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + d[None, :]).to(dot_dtype)
     q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + r[None, :]).to(dot_dtype)
     n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
-    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, ROW_PAD)
+    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, cache_tokens, bad_count_ptr,
+                     ROW_PAD)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -309,11 +319,11 @@ def _fp8_state(BLOCK_H: tl.constexpr):
             tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32), tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32))
 
 
-@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
+@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink", "cache_tokens"])
 def _sparse_mla_fp8_kernel(
     q_nope_ptr, q_pe_ptr, kv_ptr, unused_ptr, indices_ptr, topk_length_ptr, sink_ptr,
-    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
-    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink,
+    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, bad_count_ptr,
+    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink, cache_tokens,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, unused_stride_a, unused_stride_b, stride_idx_t,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
     HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
@@ -330,7 +340,8 @@ def _sparse_mla_fp8_kernel(
     q0, q1, q2, q3, q_pe = _load_q_groups(q_nope_ptr, q_pe_ptr, t, heads, c, r, stride_qn_t, stride_qn_h,
                                           stride_qp_t, stride_qp_h, dot_dtype)
     n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
-    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, ROW_PAD)
+    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, cache_tokens, bad_count_ptr,
+                     ROW_PAD)
 
     m_i, l_i, acc0, acc1, acc2, acc3 = _fp8_state(BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
@@ -380,11 +391,11 @@ def _to_f16(x, down, dot_dtype: tl.constexpr):
     return (x * down[:, None]).to(tl.float16).to(dot_dtype)
 
 
-@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink"])
+@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink", "cache_tokens"])
 def _sparse_mla_fp8_f16_kernel(
     q_nope_ptr, q_pe_ptr, kv_ptr, unused_ptr, indices_ptr, topk_length_ptr, sink_ptr,
-    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr,
-    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink,
+    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, bad_count_ptr,
+    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink, cache_tokens,
     stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, unused_stride_a, unused_stride_b, stride_idx_t,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
     HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
@@ -416,7 +427,8 @@ def _sparse_mla_fp8_f16_kernel(
     q_pe = _to_f16(q_pe, q_down, dot_dtype)
     q_up = tl.exp2(q_shift)
     n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
-    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, ROW_PAD)
+    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, cache_tokens, bad_count_ptr,
+                     ROW_PAD)
 
     m_i, l_i, acc0, acc1, acc2, acc3 = _fp8_state(BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
@@ -690,11 +702,42 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
         for name, cache in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
             _check(cache.stride(0) == cache.shape[1] * cache.stride(1),
                    f"{name} pages must be evenly strided so token id page*64+offset is one row", who)
+        _check(kpe_cache.shape[:2] == ckv_cache.shape[:2],
+               f"kpe_cache has {list(kpe_cache.shape[:2])} pages x tokens, ckv_cache {list(ckv_cache.shape[:2])}: "
+               f"every token id must name a row of both", who)
     if topk_length is not None:
         _check_tensor("topk_length", topk_length, torch.int32, (num_tokens,), device, who)
     if attn_sink is not None:
         _check_tensor("attn_sink", attn_sink, torch.float32, (heads,), device, who)
     return num_tokens, heads, topk, fp8kv
+
+
+# Ids outside the cache that the kernels masked (_split_ids), per device; the Hopper kernel adds to the same.
+BAD_INDICES = BadIndexCounter()
+
+
+def bad_index_count(device: torch.device | str) -> int:
+    """How many out-of-range attention ids the kernels on `device` masked since the last reset (syncs)."""
+    return BAD_INDICES.count(device)
+
+
+def reset_bad_index_count(device: torch.device | str) -> None:
+    BAD_INDICES.reset(device)
+
+
+def cache_tokens(ckv_cache: torch.Tensor | None, kv_cache: torch.Tensor | None) -> int:
+    """The token ids the cache holds, [0, this): pages x tokens a page, at most the largest int32 id."""
+    cache = kv_cache if kv_cache is not None else ckv_cache
+    return min(cache.shape[0] * cache.shape[1], MAX_INT32)
+
+
+def check_ids_in_cache(sparse_indices: torch.Tensor, topk_length: torch.Tensor | None, tokens: int,
+                       who: str = "sparse MLA attention") -> None:
+    """The host-side validation (check=True): every id a kernel reads is -1 or in the cache."""
+    read = None
+    if topk_length is not None:
+        read = torch.arange(sparse_indices.shape[1], device=sparse_indices.device)[None, :] < topk_length[:, None]
+    check_ids(who, "sparse_indices", sparse_indices, tokens, read)
 
 
 def row_pad(topk: int, splits: int, cfg: Config) -> int:
@@ -723,13 +766,18 @@ def sparse_mla_attention(
     output: torch.Tensor, lse: torch.Tensor, *, ckv_cache: torch.Tensor | None = None,
     kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
-    lse_base_e: bool = False, num_splits: int | None = None,
+    lse_base_e: bool = False, num_splits: int | None = None, check: bool | None = None,
 ) -> None:
     """Write output and lse in place. Exactly one KV form: ckv_cache + kpe_cache (bf16) or
-    kv_cache (FP8 656-byte tokens). num_splits overrides the split formula (tests, tuning)."""
+    kv_cache (FP8 656-byte tokens). num_splits overrides the split formula (tests, tuning). An id
+    outside the cache is masked as -1 and counted (bad_index_count); check (default: DSACTL_CHECK=1)
+    refuses it on the host first."""
     num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache,
                                                   kv_cache, topk_length, attn_sink)
     device = q_nope.device
+    tokens_in_cache = cache_tokens(ckv_cache, kv_cache)
+    if checking(check):
+        check_ids_in_cache(sparse_indices, topk_length, tokens_in_cache)
     if fp8kv:
         ckv_arg, kpe_arg, stride_ckv, stride_kpe = kv_cache, kv_cache, MLA_TOKEN_BYTES, MLA_TOKEN_BYTES
     else:
@@ -752,9 +800,9 @@ def sparse_mla_attention(
 
     _kernel(fp8kv, cfg)[(heads // cfg.block_h, splits, num_tokens)](
         q_nope, q_pe, ckv_arg, kpe_arg, sparse_indices, topk_length_arg, sink_arg,
-        output, lse, part_acc, part_m, part_l,
+        output, lse, part_acc, part_m, part_l, BAD_INDICES.tensor(device),
         float(sm_scale) * math.log2(math.e), lse_scale, topk, splits,
-        int(topk_length is not None), int(attn_sink is not None),
+        int(topk_length is not None), int(attn_sink is not None), tokens_in_cache,
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
         sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
         HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING, ROW_PAD=pad,
@@ -769,9 +817,10 @@ def aot_specs() -> list[dict]:
     # Argument types in the order of the split kernels' (shared) non-constexpr arguments. Integers as
     # the launcher passes them for contiguous tensors, where the JIT specializes multiples of 16
     # (":16"): every stride but lse's head stride (1); topk, num_splits and the two flags are never
-    # specialized (do_not_specialize).
-    pointers = ["*bf16", "*bf16", None, None, "*i32", "*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*fp32"]
-    split_types = pointers + ["fp32", "fp32"] + ["i32"] * 4 + ["i32:16"] * 10 + ["i32"]
+    # specialized (do_not_specialize), nor is cache_tokens.
+    pointers = ["*bf16", "*bf16", None, None, "*i32", "*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*fp32",
+                "*i32"]
+    split_types = pointers + ["fp32", "fp32"] + ["i32"] * 5 + ["i32:16"] * 10 + ["i32"]
     specs = []
     for heads in HEADS:
         for fp8kv, cfg, pad in [(f, c, p) for f in (False, True) for c in configs(heads, f) for p in row_pads(c)]:

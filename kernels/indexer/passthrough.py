@@ -19,6 +19,7 @@ import triton.language as tl
 
 from ..errors import KernelInputError
 from ..fp8 import PAGE_SIZE
+from .score import BAD_PAGES
 from .shapes import NEXT_NS, TOPKS
 
 # Output slots per program: 2048-wide rows take two programs, so B * N * 2 programs cover
@@ -26,8 +27,8 @@ from .shapes import NEXT_NS, TOPKS
 BLOCK = 1024
 
 
-@triton.jit
-def indexer_passthrough_kernel(seq_lens_ptr, block_table_ptr, out_ptr, bt_stride, max_len,
+@triton.jit(do_not_specialize=["num_pages"])
+def indexer_passthrough_kernel(seq_lens_ptr, block_table_ptr, out_ptr, bad_count_ptr, bt_stride, max_len, num_pages,
                                NEXT_N: tl.constexpr, TOPK: tl.constexpr, BLOCK: tl.constexpr,
                                PAGE: tl.constexpr):
     row = tl.program_id(0)
@@ -38,12 +39,21 @@ def indexer_passthrough_kernel(seq_lens_ptr, block_table_ptr, out_ptr, bt_stride
     # past the row's pages is inside the table and dropped by the select below.
     page = tl.load(block_table_ptr + b * bt_stride + i // PAGE, mask=i < max_len, other=0)
     visible = tl.load(seq_lens_ptr + b) - NEXT_N + 1 + row % NEXT_N
-    tl.store(out_ptr + row.to(tl.int64) * TOPK + i, tl.where(i < visible, page * PAGE + i % PAGE, -1),
+    # A page outside the cache translates to -1, as the top-k does; its entry is counted once, by the
+    # request's last row (which sees every page of the request) at the page's first slot.
+    in_cache = (page >= 0) & (page < num_pages)
+    seen = (i < visible) & (i < max_len)
+    n_bad = tl.sum((seen & ~in_cache & (i % PAGE == 0)).to(tl.int32), 0)
+    if (n_bad > 0) & (row % NEXT_N == NEXT_N - 1):
+        tl.atomic_add(bad_count_ptr, n_bad)
+    tl.store(out_ptr + row.to(tl.int64) * TOPK + i, tl.where(seen & in_cache, page * PAGE + i % PAGE, -1),
              mask=i < TOPK)
 
 
-def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, next_n: int) -> None:
-    """Write the structural top-k of every row (module docstring); one launch, no host sync."""
+def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, next_n: int,
+                num_pages: int) -> None:
+    """Write the structural top-k of every row (module docstring; pages outside [0, num_pages) give -1,
+    counted in score.BAD_PAGES); one launch, no host sync."""
     if out.dtype != torch.int32 or out.dim() != 2 or not out.is_contiguous():
         raise KernelInputError(f"passthrough output must be contiguous int32 [rows, topk], "
                                f"got {out.dtype} {list(out.shape)}")
@@ -54,20 +64,26 @@ def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Te
     if block_table.shape[1] * PAGE_SIZE > topk:
         raise KernelInputError(f"passthrough needs max_num_pages * {PAGE_SIZE} <= topk, got "
                           f"{block_table.shape[1]} pages for topk {topk}")
+    if block_table.dtype != torch.int32 or block_table.dim() != 2:
+        raise KernelInputError(f"block_table must be int32 [batch, max_num_pages], got {block_table.dtype} "
+                               f"{list(block_table.shape)}")
+    if block_table.shape[0] < batch:
+        raise KernelInputError(f"block_table has {block_table.shape[0]} rows for a batch of {batch}")
     if block_table.stride(1) != 1:
         raise KernelInputError("block_table must have unit column stride")
     if rows == 0:
         return
     indexer_passthrough_kernel[(rows, triton.cdiv(topk, BLOCK))](
-        seq_lens, block_table, out, block_table.stride(0), block_table.shape[1] * PAGE_SIZE,
+        seq_lens, block_table, out, BAD_PAGES.tensor(out.device), block_table.stride(0),
+        block_table.shape[1] * PAGE_SIZE, num_pages,
         NEXT_N=next_n, TOPK=topk, BLOCK=BLOCK, PAGE=PAGE_SIZE, num_warps=4, num_stages=1,
     )
 
 
 def aot_specs() -> list[dict]:
     """Every (next_n, topk) configuration of the indexer definitions, for `dsactl build`."""
-    signature = {"seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "out_ptr": "*i32", "bt_stride": "i32",
-                 "max_len": "i32", "NEXT_N": "constexpr", "TOPK": "constexpr", "BLOCK": "constexpr",
+    signature = {"seq_lens_ptr": "*i32", "block_table_ptr": "*i32", "out_ptr": "*i32", "bad_count_ptr": "*i32",
+                 "bt_stride": "i32", "max_len": "i32", "num_pages": "i32", "NEXT_N": "constexpr", "TOPK": "constexpr", "BLOCK": "constexpr",
                  "PAGE": "constexpr"}
     return [
         {"name": f"indexer_passthrough_topk{topk}_nextn{next_n}", "fn": indexer_passthrough_kernel,

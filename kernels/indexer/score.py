@@ -7,7 +7,8 @@ Contract (B requests, N = next_n query tokens per request, H heads, S = max_num_
   cache    int8 [num_pages, 64, 1, 132]: per 8448-byte page, 64 x 128 e4m3 key bytes, then
            64 fp32 per-token scales (kernels/fp8.py). Read in place through the block table.
   weights  float32 [B, N, H] contiguous (q scale and softmax scale already folded in)
-  seq_lens int32 [B]; block_table int32 [B, max_num_pages] (entries past a row's pages may be garbage)
+  seq_lens int32 [B]; block_table int32 [B, max_num_pages] (entries past a row's pages may be garbage;
+           an entry of a row's pages outside [0, num_pages) is never read: its keys score -inf, counted)
   scores   float32 [B * N, >= S], unit column stride           (written)
   lengths  int32 [B * N]                                        (written)
 
@@ -37,6 +38,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ..bad_index import BadIndexCounter
 from ..errors import KernelInputError
 from ..fp8 import INDEX_HEAD_DIM, INDEX_PAGE_BYTES, INDEX_SCALE_OFFSET, PAGE_SIZE
 from .shapes import HEADS, NEXT_NS
@@ -60,18 +62,19 @@ def _query(q_ptr, w_ptr, b, read_rows, NEXT_N: tl.constexpr, NQ: tl.constexpr, H
 
 
 @triton.jit
-def _score_tile(k, scale, qt, w, tok, live, visible, rows, real_j, scores_ptr, scores_stride,
+def _score_tile(k, scale, qt, w, tok, live, in_cache, visible, rows, real_j, scores_ptr, scores_stride,
                 BLOCK_N: tl.constexpr, NQ: tl.constexpr, HEADS: tl.constexpr):
-    """Scores of BLOCK_N keys for every query token of the request, stored where live."""
+    """Scores of BLOCK_N keys for every query token of the request, stored where live; keys whose page
+    is not in the cache score -inf, as invisible ones."""
     logits = tl.dot(k, qt)  # [BLOCK_N, NQ * HEADS] fp32
     weighted = tl.maximum(logits, 0.0) * w[None, :]
     per_query = tl.sum(tl.reshape(weighted, (BLOCK_N, NQ, HEADS)), axis=2) * scale[:, None]  # [BLOCK_N, NQ]
-    per_query = tl.where(tok[:, None] < visible[None, :], per_query, float("-inf"))
+    per_query = tl.where(in_cache[:, None] & (tok[:, None] < visible[None, :]), per_query, float("-inf"))
     tl.store(scores_ptr + rows[None, :].to(tl.int64) * scores_stride + tok[:, None], per_query,
              mask=live[:, None] & real_j[None, :])
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["num_pages"])
 def indexer_score_kernel(
     q_ptr,  # *fp8e4nv [B, NEXT_N, HEADS, 128]
     k_ptr,  # *fp8e4nv: the cache's bytes
@@ -81,10 +84,12 @@ def indexer_score_kernel(
     block_table_ptr,  # *i32 [B, bt_stride]
     scores_ptr,  # *fp32 [B * NEXT_N, scores_stride]
     lengths_ptr,  # *i32 [B * NEXT_N]
+    bad_count_ptr,  # *i32 [1]: counts the block-table entries outside [0, num_pages) met
     bt_stride,
     scores_stride,
     tokens_per_program,  # a multiple of BLOCK_N
     skip_len,
+    num_pages,
     HEADS: tl.constexpr,
     NEXT_N: tl.constexpr,
     NQ: tl.constexpr,  # NEXT_N rounded up to a power of two (tl.arange sizes)
@@ -113,6 +118,7 @@ def indexer_score_kernel(
     end = tl.minimum(start + tokens_per_program, seq_len)
     end = tl.where(seq_len <= skip_len, start, end)
     qt, w = _query(q_ptr, w_ptr, b, NEXT_N * HEADS, NEXT_N, NQ, HEADS, DIM)
+    bad_pages = 0
 
     # tl.range's num_stages marks every load of the loop for the pipeliner, the scales
     # included (a plain range pipelines only the loads that feed the dot, and the scale
@@ -121,12 +127,21 @@ def indexer_score_kernel(
     for tok0 in tl.range(start, end, BLOCK_N, num_stages=STAGES):
         tok = tok0 + tl.arange(0, BLOCK_N)
         live = tok < seq_len  # block table entries past the row's pages are not page ids
-        page = tl.load(block_table_ptr + b * bt_stride + tok // PAGE, mask=live, other=0).to(tl.int64)
+        page = tl.load(block_table_ptr + b * bt_stride + tok // PAGE, mask=live, other=0)
         slot = tok % PAGE
+        # A page id outside the cache is never dereferenced; its entry is counted once (at its slot 0,
+        # which is live whenever any token of the page is; splits own disjoint pages).
+        in_cache = (page >= 0) & (page < num_pages)
+        bad_pages += tl.sum((live & ~in_cache & (slot == 0)).to(tl.int32), 0)
+        read = live & in_cache
+        page = page.to(tl.int64)
         d = tl.arange(0, DIM)
-        k = tl.load(k_ptr + (page * PAGE_BYTES + slot * DIM)[:, None] + d[None, :], mask=live[:, None], other=0.0)
-        scale = tl.load(scale_ptr + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + slot, mask=live, other=0.0)
-        _score_tile(k, scale, qt, w, tok, live, visible, rows, real_j, scores_ptr, scores_stride, BLOCK_N, NQ, HEADS)
+        k = tl.load(k_ptr + (page * PAGE_BYTES + slot * DIM)[:, None] + d[None, :], mask=read[:, None], other=0.0)
+        scale = tl.load(scale_ptr + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + slot, mask=read, other=0.0)
+        _score_tile(k, scale, qt, w, tok, live, in_cache, visible, rows, real_j, scores_ptr, scores_stride, BLOCK_N,
+                    NQ, HEADS)
+    if bad_pages > 0:  # after the loop: no branch inside the pipelined one
+        tl.atomic_add(bad_count_ptr, bad_pages)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -222,6 +237,20 @@ def choose_config(batch: int, next_n: int, heads: int, max_len: int, num_sms: in
     return ScoreConfig(block_n, num_warps, stages, steps_per_program * block_n, splits)
 
 
+# Block-table entries outside [0, num_pages) that the score kernel met (not read: their keys score -inf).
+BAD_PAGES = BadIndexCounter()
+
+
+def bad_index_count(device: torch.device | str) -> int:
+    """How many out-of-range block-table entries the score kernel on `device` met since the last reset
+    (syncs)."""
+    return BAD_PAGES.count(device)
+
+
+def reset_bad_index_count(device: torch.device | str) -> None:
+    BAD_PAGES.reset(device)
+
+
 @lru_cache(maxsize=None)
 def _num_sms(device: torch.device) -> int:
     if device.type != "cuda":
@@ -288,18 +317,19 @@ def score(q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, seq_lens:
         raise KernelInputError(f"indexer score config {cfg} does not tile rows of {max_len} tokens")
     indexer_score_kernel[(batch, cfg.splits)](
         q, cache.view(torch.float8_e4m3fn), cache.view(torch.float32), weights, seq_lens, block_table, scores, lengths,
-        block_table.stride(0), scores.stride(0), cfg.tokens_per_program, skip_len,
+        BAD_PAGES.tensor(q.device), block_table.stride(0), scores.stride(0), cfg.tokens_per_program, skip_len,
+        cache.shape[0],
         HEADS=heads, NEXT_N=next_n, NQ=_nq(next_n), BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, PAGE=PAGE_SIZE,
         DIM=INDEX_HEAD_DIM, PAGE_BYTES=INDEX_PAGE_BYTES, SCALE_OFFSET=INDEX_SCALE_OFFSET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 # tokens_per_program is a multiple of BLOCK_N (whole 64-token pages), so the JIT always specializes it as
-# a multiple of 16 (":16"); the strides and skip_len follow the workload.
+# a multiple of 16 (":16"); the strides, skip_len and num_pages follow the workload.
 _SIGNATURE = {
     "q_ptr": "*fp8e4nv", "k_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "seq_lens_ptr": "*i32",
-    "block_table_ptr": "*i32", "scores_ptr": "*fp32", "lengths_ptr": "*i32", "bt_stride": "i32", "scores_stride": "i32",
-    "tokens_per_program": "i32:16", "skip_len": "i32",
+    "block_table_ptr": "*i32", "scores_ptr": "*fp32", "lengths_ptr": "*i32", "bad_count_ptr": "*i32",
+    "bt_stride": "i32", "scores_stride": "i32", "tokens_per_program": "i32:16", "skip_len": "i32", "num_pages": "i32",
 }
 
 

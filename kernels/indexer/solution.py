@@ -49,7 +49,7 @@ def dsa_topk_indexer(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor,
     out = topk_indices.view(batch * next_n, topk)
     max_len = block_table.shape[1] * PAGE_SIZE
     if max_len <= topk:
-        passthrough(seq_lens, block_table, out, next_n)
+        passthrough(seq_lens, block_table, out, next_n, k_index_cache_fp8.shape[0])
         return
     # Scratch per call from the caching allocator: stream-ordered, and a CUDA graph owns what it captured.
     rows, device = batch * next_n, q_index_fp8.device

@@ -22,6 +22,7 @@ from functools import lru_cache
 
 import torch
 
+from ..bad_index import check_ids, checking
 from ..cuda_library import load_library
 from ..errors import KernelBuildError, KernelError, KernelInputError
 
@@ -84,8 +85,11 @@ def _check_vector(name: str, t: torch.Tensor, rows: int, device: torch.device) -
 
 
 def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
-                        row_to_batch: torch.Tensor | None, out: torch.Tensor, topk: int) -> None:
-    """Write the exact top-k of every row, translated to physical ids (module docstring)."""
+                        row_to_batch: torch.Tensor | None, out: torch.Tensor, topk: int,
+                        check: bool | None = None) -> None:
+    """Write the exact top-k of every row, translated to physical ids (module docstring). check
+    (default: DSACTL_CHECK=1) also validates row_to_batch's values against block_table's rows, which
+    needs a host synchronization."""
     if not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
         raise KernelInputError(f"top-k: topk must be an integer in [1, {MAX_TOPK}], got {topk!r}")
     if not isinstance(scores, torch.Tensor) or scores.device.type != "cuda":
@@ -106,6 +110,8 @@ def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table
             )
     else:
         _check_vector("row_to_batch", row_to_batch, rows, device)
+        if checking(check) and rows:
+            check_ids("top-k", "row_to_batch", row_to_batch[None, :], block_table.shape[0], padding=False)
     if rows == 0:
         return
     lib = _library()
