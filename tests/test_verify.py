@@ -414,3 +414,39 @@ def test_sanitize_runs_the_same_calls_in_a_child(tmp_path, monkeypatch):
     assert [r.tool for r in reports] == ["memcheck", "racecheck"]
     assert all(r.clean for r in reports), [(r.problem, r.log_tail) for r in reports]
     assert any("calls-only: 2 calls, 0 raised" in line for line in reports[0].log_tail)
+
+
+@pytest.mark.parametrize("option,value", [("--atol", "-1"), ("--rtol", "-0.5"), ("--atol", "nan"), ("--rtol", "inf")])
+def test_cli_refuses_a_meaningless_tolerance(option, value):
+    result = _cli(option, value)
+    assert isinstance(result.exception, DsactlError), result.output
+    assert str(result.exception).startswith(f"{option[2:]} must be a finite number >= 0")
+    assert "verify:" not in result.output  # refused before anything ran
+
+
+def test_a_workload_id_is_found_in_any_suite_unless_one_is_named():
+    from dsactl import workloads
+
+    (w,) = workloads.select(workload_ids=["edge-topk-mtp"])
+    assert (w.uuid, w.suite) == ("edge-topk-mtp", "edge")
+    with pytest.raises(DsactlError, match=r"no workload 'edge-topk-mtp' in suite contest; --suite edge has "
+                                          r"edge-topk-mtp$"):
+        workloads.select("contest", workload_ids=["edge-topk-mtp"])
+    assert len(workloads.select()) == len(suite("contest"))
+
+
+def test_the_headline_accounts_for_every_selected_workload():
+    gpu_only = _solution("correct_topk", needs_gpu=True)
+    ws = [topk_workload([3000, 100]), topk_workload([70, 9]), topk_workload([5, 5, 5])]
+    ws = [Workload(f"t-{i}", w.definition, w.suite, w.label, w.axes, w.params) for i, w in enumerate(ws)]
+    chosen, left_out = runner.quick_subset(ws, "outside the --quick subset")
+    assert len(chosen) == runner.QUICK_PER_DEFINITION and left_out[0].workloads == 1
+    report = runner.verify([_solution("correct_topk"), gpu_only], chosen, trials=1, left_out=left_out)
+    assert report.selected == 3 and report.workloads_ran == 2
+    assert report.not_run() == {"outside the --quick subset": 1}
+    if not torch.cuda.is_available():
+        assert report.headline() == ("2 of 3 workloads ran, 1 did not (1 outside the --quick subset); "
+                                     "2 passed, 0 failed, 0 errors, 2 skipped (2 needs a CUDA GPU)")
+    alone = runner.verify([gpu_only], chosen, trials=1)
+    if not torch.cuda.is_available():
+        assert alone.not_run() == {"every solution serving it was skipped": 2}

@@ -15,6 +15,11 @@ ALL = "all"
 # Family-specific targets (compute_100f: every 10.x GPU) first shipped in CUDA 12.9;
 # `nvcc --list-gpu-arch` lists only the plain compute_XX names, so the version decides.
 FAMILY_MIN_NVCC = (12, 9)
+# Per-block limits every arch of the table shares (CUDA programming guide, compute capabilities).
+MAX_REGISTERS_PER_BLOCK = 65536
+# The most shared memory one block may use (static + dynamic, with the opt-in attribute), bytes.
+SHARED_PER_BLOCK_DATACENTER = 232448  # sm_90, sm_100, sm_103: 227 KB
+SHARED_PER_BLOCK_CONSUMER = 101376  # sm_120 (RTX 50, RTX PRO Blackwell): 99 KB
 
 
 @dataclass(frozen=True)
@@ -22,6 +27,7 @@ class Arch:
     name: str  # what users type: "sm90a"
     capability: tuple[int, int]  # the device capability the build runs on (a family: its first member)
     suffix: str  # "a": this exact GPU, arch-specific features; "f": the whole family
+    max_shared_per_block: int  # bytes; a kernel asking for more cannot launch
 
     @property
     def number(self) -> str:
@@ -42,16 +48,23 @@ class Arch:
 
 
 ARCHES = (
-    Arch("sm90a", (9, 0), "a"),
-    Arch("sm100a", (10, 0), "a"),
-    Arch("sm103a", (10, 3), "a"),
-    Arch("sm120a", (12, 0), "a"),
-    Arch("sm100f", (10, 0), "f"),
-    Arch("sm120f", (12, 0), "f"),
+    Arch("sm90a", (9, 0), "a", SHARED_PER_BLOCK_DATACENTER),
+    Arch("sm100a", (10, 0), "a", SHARED_PER_BLOCK_DATACENTER),
+    Arch("sm103a", (10, 3), "a", SHARED_PER_BLOCK_DATACENTER),
+    Arch("sm120a", (12, 0), "a", SHARED_PER_BLOCK_CONSUMER),
+    Arch("sm100f", (10, 0), "f", SHARED_PER_BLOCK_DATACENTER),
+    Arch("sm120f", (12, 0), "f", SHARED_PER_BLOCK_CONSUMER),
 )
 # The build a GPU loads at run time (the kernels' loader decides): the arch-specific one for its capability.
 ARCH_FOR_CAPABILITY = cuda_library.ARCH_FOR_CAPABILITY
 
+
+
+def by_name(name: str) -> Arch:
+    for a in ARCHES:
+        if a.name == name:
+            return a
+    raise DsactlError(f"unknown arch {name!r}: choose one of {', '.join(a.name for a in ARCHES)}")
 
 @lru_cache(maxsize=None)
 def nvcc_version() -> tuple[int, int]:

@@ -7,6 +7,8 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsactl.build.arch import MAX_REGISTERS_PER_BLOCK, by_name
+
 REPORT_FILE = "report.json"
 
 
@@ -32,6 +34,28 @@ class ReportRow:
         return self.spill_stores > 0 or self.spill_loads > 0
 
     @property
+    def shared_total(self) -> int:
+        """Shared memory per block at launch: static, plus dynamic where the build knows it."""
+        return self.shared_static + (self.shared_dynamic or 0)
+
+    @property
+    def threads(self) -> int | None:
+        """Threads per block, known for Triton (num_warps); a CUDA launcher picks its own."""
+        warps = self.options.get("num_warps")
+        return None if warps is None else warps * 32
+
+    def launch_problems(self) -> list[str]:
+        """Why this kernel cannot launch on its arch (over a per-block limit); empty when it can."""
+        problems = []
+        limit = by_name(self.arch).max_shared_per_block
+        if self.shared_total > limit:
+            problems.append(f"needs {self.shared_total} B of shared memory per block > {limit} B on {self.arch}")
+        if self.threads is not None and self.registers * self.threads > MAX_REGISTERS_PER_BLOCK:
+            problems.append(f"needs {self.registers} registers x {self.threads} threads per block "
+                            f"> {MAX_REGISTERS_PER_BLOCK}")
+        return problems
+
+    @property
     def label(self) -> str:
         config = f" [{self.configuration}]" if self.configuration else ""
         return f"{self.kernel}{config} ({self.kind} {self.unit}, {self.arch})"
@@ -45,9 +69,11 @@ def write(arch_dir: Path, arch: str, toolchain: dict[str, str], rows: list[Repor
 
 
 def gate_failures(rows: list[ReportRow], *, fail_on_spills: bool, max_registers: int | None) -> list[str]:
-    """One message per violated gate, naming kernel and configuration; empty when all pass."""
+    """One message per violated gate, naming kernel and configuration; empty when all pass.
+    A kernel that cannot launch on its arch always fails; spills and registers when asked."""
     failures = []
     for row in rows:
+        failures += [f"{row.label} cannot launch: {problem}" for problem in row.launch_problems()]
         if fail_on_spills and row.spills:
             failures.append(f"{row.label} spills {row.spill_stores} B stores, {row.spill_loads} B loads")
         if max_registers is not None and row.registers > max_registers:

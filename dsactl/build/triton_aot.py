@@ -8,7 +8,8 @@ build/<arch>/triton/<stage.module>/<name>.cubin with its ptxas log and a record 
 resources; the record's fingerprint (Triton version, arch, the function's source and
 everything it calls, signature, constants, options) makes an unchanged configuration
 skip compiling. Compiles run in spawned worker processes: Triton's ptxas log arrives on
-stdout, which must not be shared with the progress display.
+stdout, which must not be shared with the progress display. Each worker would print Triton's
+warnings once per process; they come back with the rows and are printed once.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import os
 import pkgutil
 import re
 import time
+import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass
 from pathlib import Path
@@ -201,6 +203,7 @@ def build(
 
     on_compiled(label, done, total) before the first compile and after each."""
     rows: dict[int, ReportRow] = {}
+    warned: set[tuple[type, str]] = set()
     stale = []
     for i, config in enumerate(configs):
         row = recorded_row(config, arch, arch_dir)
@@ -218,16 +221,24 @@ def build(
             }
             for done, future in enumerate(as_completed(futures), start=1):
                 i = futures[future]
-                rows[i] = future.result()
+                rows[i], caught = future.result()
+                for category, message in caught:
+                    if (category, message) not in warned:
+                        warned.add((category, message))
+                        warnings.warn(message, category, stacklevel=2)
                 on_compiled(f"{configs[i].unit}:{configs[i].name}", done, len(stale))
     return [rows[i] for i in range(len(configs))], len(stale)
 
 
-def _compile_in_worker(module: str, name: str, arch: Arch, arch_dir: Path) -> ReportRow:
+def _compile_in_worker(module: str, name: str, arch: Arch, arch_dir: Path
+                       ) -> tuple[ReportRow, list[tuple[type[Warning], str]]]:
     configs = module_configs(module, importlib.import_module(module).aot_specs())
     (config,) = [c for c in configs if c.name == name]
     try:
-        return compile_config(config, arch, arch_dir)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            row = compile_config(config, arch, arch_dir)
+        return row, [(w.category, str(w.message)) for w in caught]
     except DsactlError:
         raise
     except Exception as e:  # Triton's own errors may not survive pickling back to the parent

@@ -35,11 +35,18 @@ for _name in COMMAND_MODULES:
 
 def main() -> None:
     # Standalone mode: typer/click handle usage errors (exit 2) and --help;
-    # A user-facing failure (DsactlError, or a kernel's KernelError) becomes one line on stderr.
+    # A user-facing failure (DsactlError, or a kernel's KernelError) becomes one line on stderr, and so does
+    # an OSError (a disk full or a folder gone while writing the outputs).
     try:
         app()
-    except USER_ERRORS as e:
+    except (*USER_ERRORS, OSError) as e:
         if _state["debug"]:
             raise
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {_message(e)}", file=sys.stderr)
         sys.exit(2)
+
+
+def _message(e: Exception) -> str:
+    if isinstance(e, OSError) and e.strerror:
+        return f"{e.strerror}: {e.filename}" if e.filename else e.strerror
+    return str(e)

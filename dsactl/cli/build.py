@@ -75,6 +75,10 @@ def _show(result: ArchBuild) -> None:
         console.print(f"{name}: compiled {result.compiled_cuda} CUDA libraries, "
                       f"{result.compiled_triton} Triton configurations")
     console.print(f"report: {result.report_path}")
+    unlaunchable = [row for row in result.rows if row.launch_problems()]
+    if unlaunchable:
+        console.print(f"[bold red]{name}: {len(unlaunchable)} configurations cannot launch (over the arch's "
+                      f"per-block limits; listed below)[/]")
 
 
 def _table(result: ArchBuild) -> Table:
@@ -92,9 +96,12 @@ def _table(result: ArchBuild) -> Table:
 
 def _cells(row: ReportRow) -> list[str]:
     spills = f"{row.spill_stores}/{row.spill_loads}"
-    return [f"{row.kind}:{row.unit}", row.kernel, row.configuration, str(row.registers), str(row.shared_static),
-            "-" if row.shared_dynamic is None else str(row.shared_dynamic), str(row.stack_frame), str(row.local),
-            f"[red]{spills}[/red]" if row.spills else spills, f"{row.compile_s:.1f}"]
+    cells = [f"{row.kind}:{row.unit}", row.kernel, row.configuration, str(row.registers), str(row.shared_static),
+             "-" if row.shared_dynamic is None else str(row.shared_dynamic), str(row.stack_frame), str(row.local),
+             f"[red]{spills}[/red]" if row.spills else spills, f"{row.compile_s:.1f}"]
+    if row.launch_problems():
+        cells[2] = f"[bold red]{row.configuration} (cannot launch)[/]"
+    return cells
 
 
 class _Display:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import typer
 
-from dsactl import definitions, solutions, workloads
 from dsactl.cli.render import console, table
 from dsactl.kernels.attention import dispatch
 
@@ -16,6 +15,7 @@ def register(app: typer.Typer) -> None:
         contest_only: bool = typer.Option(False, "--contest", help="Only the two contest definitions."),
     ) -> None:
         """List definitions, solutions and workload suites."""
+        from dsactl import definitions, solutions, workloads
         from dsactl.errors import DsactlError
 
         if what not in ("definitions", "solutions", "suites", "all"):
@@ -26,9 +26,11 @@ def register(app: typer.Typer) -> None:
                                 ((d.name, next(t for t in d.tags if t.startswith("stage:"))[6:], d.description)
                                  for d in defs)))
         if what in ("solutions", "all"):
+            from dsactl.verify.runner import runs_here
+
             console.print(table("solutions", ["name", "language", "serves", "runs here", "description"],
                                 ((s.name, s.language, " ".join(s.definitions),
-                                  "yes" if s.availability()[0] else f"no: {s.availability()[1]}", s.description)
+                                  ": ".join(filter(None, runs_here(s))), s.description)
                                  for s in solutions.SOLUTIONS)))
             console.print(table("attention dispatch (which kernel the dsactl-attention entries run)",
                                 ["implementation", "source", "GPUs", "heads", "serves"],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import typer
 
-from dsactl import device, solutions
+from dsactl.cli.paths import output_file
 from dsactl.cli.render import console, table, write_json
 
 
@@ -12,6 +12,10 @@ def register(app: typer.Typer) -> None:
     @app.command()
     def doctor(json_path: str = typer.Option(None, "--json", help="Also write the facts as JSON.")) -> None:
         """GPU, clocks, memory, toolchain versions, buildable archs, runnable solutions."""
+        output_file(json_path, "--json")
+        from dsactl import device, solutions
+        from dsactl.verify import runner
+
         info = device.machine()
         if info.gpus:
             console.print(table("GPU", ["#", "name", "cc", "SMs", "memory GiB", "L2 MiB", "SM MHz (now/max)",
@@ -25,11 +29,14 @@ def register(app: typer.Typer) -> None:
                             ((t.name, t.version or "[red]missing[/red]", t.detail) for t in info.tools)))
         archs = ", ".join(a.removeprefix("compute_") for a in info.nvcc_archs) or "none (no nvcc)"
         console.print(f"nvcc can target: {archs}")
-        avail = [(s.name, *s.availability()) for s in solutions.SOLUTIONS]
-        console.print(table("solutions on this machine", ["solution", "runs here", "why not"],
-                            ((n, "yes" if ok else "no", "" if ok else why) for n, ok, why in avail)))
+        avail = [(s.name, *runner.runs_here(s)) for s in solutions.SOLUTIONS]
+        console.print(table("solutions on this machine", ["solution", "runs here", "why"], avail))
+        if any(runs == "interpreted" for _, runs, _ in avail):
+            console.print("interpreted: `dsactl verify` runs these on the CPU under the Triton interpreter "
+                          "(slow, so a --quick subset); bench and profile need a GPU")
         if json_path:
             import dataclasses
 
             write_json(json_path, {**dataclasses.asdict(info),
-                                   "solutions": {n: {"ok": ok, "reason": why} for n, ok, why in avail}})
+                                   "solutions": {n: {"ok": runs == "yes", "runs": runs, "reason": why}
+                                                 for n, runs, why in avail}})

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from dsactl.cli.paths import output_file
 from dsactl.cli.render import console, table
 
 
@@ -33,6 +34,7 @@ def register(app: typer.Typer) -> None:
             return
         if definition is None:
             raise DsactlError("pass --definition (or --check BUNDLE)")
+        output_file(output, "--output")
         data = make_bundle(definition, solution, name, author)
         write_bundle(data, output)
         _show(check_bundle(data), f"wrote {output}")

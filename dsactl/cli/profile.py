@@ -8,6 +8,7 @@ from pathlib import Path
 
 import typer
 
+from dsactl.cli.paths import output_dir
 from dsactl.cli.render import console, table
 
 MAX_PRINTED_LAUNCHES = 40
@@ -44,6 +45,7 @@ def register(app: typer.Typer) -> None:
 
         if (ncu is None) == (not reports):
             raise DsactlError("give either --ncu roofline (collect) or --import REPORT.ncu-rep (read)")
+        output_dir(out, "--out")
         command = shlex.join(["dsactl", *sys.argv[1:]])
         if reports:
             if out is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -26,12 +27,20 @@ console = Console(width=_width(sys.stdout))
 err_console = Console(stderr=True, width=_width(sys.stderr))
 
 
+# A cell that reads as a number: 12, -3.5e-05, 100.00%, 12/255, inf; rich markup around it allowed.
+_NUMBER = re.compile(r"^(\[[^\]]*\])?[-+]?(\d[\d.,]*(e[-+]?\d+)?%?(/\d+)?|inf|nan)(\[/[^\]]*\])?$")
+
+
 def table(title: str | None, columns: Sequence[str], rows: Iterable[Sequence[Any]]) -> Table:
+    """Numbers stay whole on one line, right-aligned; names and text fold to fit the width."""
+    cells = [["" if v is None else str(v) for v in r] for r in rows]
     t = Table(title=title, title_justify="left", header_style="bold")
-    for c in columns:
-        t.add_column(c, overflow="fold")
-    for r in rows:
-        t.add_row(*("" if v is None else str(v) for v in r))
+    for i, c in enumerate(columns):
+        column = [r[i] for r in cells if r[i]]
+        numeric = bool(column) and all(_NUMBER.match(v) for v in column)
+        t.add_column(c, justify="right" if numeric else "left", no_wrap=numeric, overflow="fold")
+    for r in cells:
+        t.add_row(*r)
     return t
 
 

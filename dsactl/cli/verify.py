@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from dsactl.cli.paths import output_dir, output_file
 from dsactl.cli.render import console, table, write_json
 from dsactl.errors import DsactlError
 
@@ -54,7 +55,7 @@ def sanitized_solutions(names: list[str], explicit: bool, cands) -> list[str]:
 
 def _selection(definition, solution_names, suite, dataset, bundle, workload, quick) -> list[str]:
     """The command-line options that choose the same pairs again (for the sanitizer's child)."""
-    args = ["--dataset", str(dataset)] if dataset else ["--suite", suite]
+    args = ["--dataset", str(dataset)] if dataset else ["--suite", suite] if suite else []
     if definition:
         args += ["--definition", definition]
     for name in solution_names:
@@ -69,7 +70,7 @@ def _selection(definition, solution_names, suite, dataset, bundle, workload, qui
 
 
 def _render(report) -> None:
-    from dsactl.verify.runner import PASSED
+    from dsactl.verify.runner import EVERY_SOLUTION, PASSED
 
     for definition in dict.fromkeys(r.definition for r in report.results):
         rows = [(r.solution, r.workload, r.label, f"[{STATUS_STYLE[r.status]}]{r.status}[/]", _num(r.max_abs),
@@ -81,12 +82,10 @@ def _render(report) -> None:
     if report.skipped:
         console.print(table("skipped (not run, never counted as passed)",
                             ["solution", "definition", "workloads", "reason"],
-                            ((s.solution, s.definition, s.workloads, s.reason) for s in report.skipped)))
-    console.print(table("summary", ["definition", "solution", "passed", "failed", "errors", "skipped", "max abs",
-                                    "max rel", "time s"],
-                        ((s.definition, s.solution + (" (baseline)" if s.solution in baselines else ""),
-                          s.passed, s.failed, s.errors, s.skipped, _num(s.max_abs),
-                          _num(s.max_rel), f"{s.seconds:.1f}") for s in report.summary())))
+                            (("(every solution)" if s.solution == EVERY_SOLUTION else s.solution, s.definition,
+                              s.workloads, s.reason) for s in report.skipped)))
+    console.print(table("summary", ["definition / solution", "pass", "fail", "error", "skip", "max abs", "max rel",
+                                    "time s"], _summary_rows(report.summary(), baselines)))
     for r in report.results:
         if r.status == PASSED:
             continue
@@ -101,6 +100,24 @@ def _render(report) -> None:
             console.print(f"  inputs saved: {r.saved}", markup=False, soft_wrap=True)
         if r.repro:
             console.print(f"  reproduce: {r.repro}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _summary_rows(summary, baselines: set[str]) -> list[tuple]:
+    # One name column (each definition, then its solutions indented; summary() sorts by definition)
+    # leaves the width of a second long-name column to the numbers on a 100-column terminal.
+    from dsactl.verify.runner import EVERY_SOLUTION
+
+    rows, definition = [], None
+    for s in summary:
+        if s.definition != definition:
+            definition = s.definition
+            rows.append((f"[bold]{definition}[/]",) + ("",) * 7)
+        name = "(every solution)" if s.solution == EVERY_SOLUTION else s.solution
+        ran = s.passed + s.failed + s.errors
+        rows.append((f"  {name}" + (" (baseline)" if s.solution in baselines else ""), s.passed, s.failed, s.errors,
+                     s.skipped, _num(s.max_abs) if ran else "", _num(s.max_rel) if ran else "",
+                     f"{s.seconds:.1f}" if ran else ""))
+    return rows
 
 
 def _render_sanitize(reports) -> None:
@@ -126,7 +143,9 @@ def register(app: typer.Typer) -> None:
         solution: Optional[List[str]] = typer.Option(None, "--solution", "-s",
                                                      help="Registered solution to verify (repeatable); default: "
                                                           "every solution serving the chosen definitions."),
-        suite: str = typer.Option("contest", "--suite", help="Workload suite: contest | scale | edge | all."),
+        suite: Optional[str] = typer.Option(None, "--suite",
+                                            help="Workload suite: contest (default) | scale | edge | all; "
+                                                 "--workload ids are looked up in every suite unless given."),
         dataset: Optional[Path] = typer.Option(None, "--dataset", help="flashinfer-bench dataset folder "
                                                                        "(replaces --suite)."),
         bundle: Optional[Path] = typer.Option(None, "--bundle", help="Solution JSON bundle (dsactl pack) to verify."),
@@ -151,12 +170,17 @@ def register(app: typer.Typer) -> None:
         """Check solutions against the references: tolerance per element, top-k set semantics,
         poisoned outputs, fresh inputs per trial. Exit 0: all verified pairs passed; 1: a failure;
         3: nothing could run here."""
+        output_file(json_path, "--json")
+        output_dir(save_failures, "--save-failures")
         import torch
 
         gpu = torch.cuda.is_available()
         if not gpu:
             # Triton kernels decorated from here on run on the CPU under the interpreter.
             os.environ.setdefault("TRITON_INTERPRET", "1")
+        from dsactl.verify import rules
+
+        tol = rules.Tolerance(atol, rtol, matched_ratio)
         if sanitize:
             from dsactl.verify import sanitize as sanitizer
 
@@ -165,7 +189,7 @@ def register(app: typer.Typer) -> None:
             sanitizer.find_sanitizer()
 
         from dsactl import workloads as wl
-        from dsactl.verify import rules, runner
+        from dsactl.verify import runner
 
         names = list(solution or [])
         workload = list(workload or ())
@@ -174,8 +198,10 @@ def register(app: typer.Typer) -> None:
         if explicit:
             chosen = [w for w in chosen if any(c.serves(w.definition) for c in cands)]
         use_quick = quick or (not gpu and not workload)
+        left_out = []
         if use_quick:
-            chosen = runner.quick(chosen)
+            chosen, left_out = runner.quick_subset(
+                chosen, "outside the --quick subset" + ("" if quick else ", on without a GPU: --workload picks any"))
 
         if calls_only:
             def show(c, w, error):
@@ -187,10 +213,10 @@ def register(app: typer.Typer) -> None:
             console.print(f"calls-only: {len(calls)} calls, {failures} raised")
             raise typer.Exit(EXIT_FAILED if failures else 0)
 
-        tol = rules.Tolerance(atol, rtol, matched_ratio)
         device = runner.default_device()
-        note = "" if gpu else " (no CUDA GPU: CPU, Triton under the interpreter, quick subset)"
-        console.print(f"verify: {len(chosen)} workloads, {len(cands)} solutions, {trials} trials, "
+        note = "" if gpu else " (no CUDA GPU: Triton runs under the interpreter)"
+        quick_note = f" of {len(chosen) + sum(s.workloads for s in left_out)} (--quick)" if left_out else ""
+        console.print(f"verify: {len(chosen)}{quick_note} workloads, {len(cands)} solutions, {trials} trials, "
                       f"atol {atol:g} rtol {rtol:g} matched-ratio {matched_ratio:g}, device {device}{note}")
 
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -203,7 +229,8 @@ def register(app: typer.Typer) -> None:
                 progress.update(task, total=total, description=f"{c.name} · {w.uuid}")
 
             report = runner.verify(cands, chosen, trials, tol, device, save_dir=save_failures,
-                                   on_start=on_start, on_result=lambda r: progress.advance(task))
+                                   on_start=on_start, on_result=lambda r: progress.advance(task),
+                                   left_out=left_out)
         _render(report)
 
         sanitize_reports = []
@@ -227,9 +254,7 @@ def register(app: typer.Typer) -> None:
                 payload["sanitize"] = [asdict(r) for r in sanitize_reports]
             write_json(json_path, payload)
 
-        skipped = sum(s.workloads for s in report.skipped)
-        console.print(f"\nverify: {report.count('passed')} passed, {report.count('failed')} failed, "
-                      f"{report.count('error')} errors, {skipped} skipped (not run, not passed)")
+        console.print(f"\nverify: {report.headline()}", soft_wrap=True)
         if not report.ok or any(not r.clean for r in sanitize_reports):
             raise typer.Exit(EXIT_FAILED)
         if not report.results:

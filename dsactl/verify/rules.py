@@ -28,6 +28,7 @@ import torch
 
 from dsactl.definitions import Definition
 from dsactl.definitions.topk import rank_key
+from dsactl.errors import DsactlError
 from dsactl.fp8 import INDEX_HEAD_DIM, PAGE_SIZE, dequantize_index_k
 from dsactl.harness import INT_POISON
 
@@ -42,6 +43,16 @@ class Tolerance:
     atol: float = 1e-2
     rtol: float = 1e-2
     matched_ratio: float = 1.0  # fraction of compared elements that must be within tolerance
+
+    def __post_init__(self) -> None:
+        # A NaN or infinite tolerance would pass every element (a comparison with NaN is false);
+        # a negative one means nothing.
+        for name in ("atol", "rtol"):
+            value = getattr(self, name)
+            if not value >= 0 or math.isinf(value):
+                raise DsactlError(f"{name} must be a finite number >= 0, got {value:g}")
+        if not 0 <= self.matched_ratio <= 1:
+            raise DsactlError(f"matched_ratio must be between 0 and 1, got {self.matched_ratio:g}")
 
 
 @dataclass

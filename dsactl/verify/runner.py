@@ -38,6 +38,10 @@ QUICK_PER_DEFINITION = 2
 SECOND_FLOAT_POISON = -12345.0
 
 PASSED, FAILED, ERROR = "passed", "failed", "error"
+INTERPRETED = "runs under the Triton interpreter"
+# Skipped.solution of a workload that ran for no solution: none serves it, or --quick left it out.
+EVERY_SOLUTION = "-"
+NO_SERVER = "no solution serves this definition"
 
 
 @dataclass(frozen=True)
@@ -60,8 +64,8 @@ class Candidate:
         if self.solution is None:
             return True, "ok"
         ok, reason = self.solution.availability()
-        if not ok and interpretable(self.solution):
-            return True, "runs under the Triton interpreter"
+        if not ok and interpretable(self.solution) and os.environ.get("TRITON_INTERPRET") == "1":
+            return True, INTERPRETED
         return ok, reason
 
     def load(self) -> Callable:
@@ -69,10 +73,19 @@ class Candidate:
 
 
 def interpretable(s: Solution) -> bool:
-    """A pure-Triton solution runs on the CPU when the interpreter is on and there is no GPU
-    (a solution that loads a CUDA library from `dsactl build` cannot)."""
-    return (s.language == "triton" and not s.cuda_libs and os.environ.get("TRITON_INTERPRET") == "1"
-            and not torch.cuda.is_available())
+    """A pure-Triton solution runs on the CPU under the Triton interpreter when there is no GPU
+    (verify turns the interpreter on then); one that loads a CUDA library from `dsactl build` cannot."""
+    return s.language == "triton" and not s.cuda_libs and not torch.cuda.is_available()
+
+
+def runs_here(s: Solution) -> tuple[str, str]:
+    """Where `dsactl verify` runs it on this machine: ("yes" | "interpreted" | "no", why)."""
+    ok, reason = s.availability()
+    if ok:
+        return "yes", ""
+    if interpretable(s):
+        return "interpreted", f"{reason}; verify --quick interprets it"
+    return "no", reason
 
 
 def candidate(obj: Solution | Callable | Candidate, selector: Sequence[str] | None = None) -> Candidate:
@@ -109,7 +122,7 @@ class WorkloadResult:
 
 @dataclass
 class Skipped:
-    solution: str  # "-" when no solution serves the definition
+    solution: str  # EVERY_SOLUTION: the workloads ran for no solution
     definition: str
     reason: str
     workloads: int
@@ -135,9 +148,40 @@ class Report:
     trials: int
     results: list[WorkloadResult] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    selected: int = 0  # workloads chosen, those --quick left out included
 
     def count(self, status: str) -> int:
         return sum(r.status == status for r in self.results)
+
+    @property
+    def workloads_ran(self) -> int:
+        return len({(r.definition, r.workload) for r in self.results})
+
+    def not_run(self) -> Counter[str]:
+        """Workloads that ran for no solution, counted per reason; together with
+        workloads_ran they account for every selected workload."""
+        reasons: Counter[str] = Counter()
+        for s in self.skipped:
+            if s.solution == EVERY_SOLUTION:
+                reasons[s.reason] += s.workloads
+        idle = self.selected - self.workloads_ran - sum(reasons.values())
+        if idle:
+            reasons["every solution serving it was skipped"] += idle
+        return reasons
+
+    def headline(self) -> str:
+        """One line: workloads run and not run, pair outcomes, pair skips, each with its reasons."""
+        not_run = self.not_run()
+        skips: Counter[str] = Counter()
+        for s in self.skipped:
+            if s.solution != EVERY_SOLUTION:
+                skips[s.reason] += s.workloads
+        text = f"{self.workloads_ran} of {self.selected} workloads ran"
+        if not_run:
+            text += f", {sum(not_run.values())} did not ({_reasons(not_run)})"
+        text += (f"; {self.count(PASSED)} passed, {self.count(FAILED)} failed, {self.count(ERROR)} errors, "
+                 f"{sum(skips.values())} skipped")
+        return text + (f" ({_reasons(skips)})" if skips else "")
 
     @property
     def ok(self) -> bool:
@@ -163,11 +207,16 @@ class Report:
             "tolerance": asdict(self.tolerance),
             "trials": self.trials,
             "counts": {s: self.count(s) for s in (PASSED, FAILED, ERROR)}
-            | {"skipped": sum(s.workloads for s in self.skipped)},
+            | {"skipped": sum(s.workloads for s in self.skipped), "workloads_selected": self.selected,
+               "workloads_ran": self.workloads_ran},
             "summary": [asdict(r) for r in self.summary()],
             "results": [asdict(r) for r in self.results],
             "skipped": [asdict(s) for s in self.skipped],
         }
+
+
+def _reasons(counts: Counter[str]) -> str:
+    return "; ".join(f"{n} {reason}" for reason, n in counts.most_common())
 
 
 def default_device() -> str:
@@ -200,6 +249,13 @@ def quick(workloads: Iterable[Workload], per_definition: int = QUICK_PER_DEFINIT
     return out
 
 
+def quick_subset(workloads: Sequence[Workload], why: str) -> tuple[list[Workload], list[Skipped]]:
+    """quick()'s workloads, and the rest as skipped for every solution, counted per definition."""
+    chosen = quick(workloads)
+    left: Counter[str] = Counter(w.definition for w in workloads if w not in chosen)
+    return chosen, [Skipped(EVERY_SOLUTION, d, why, n) for d, n in left.items()]
+
+
 def plan(candidates: Sequence[Candidate], workloads: Sequence[Workload]
          ) -> tuple[list[tuple[Candidate, Workload]], list[Skipped]]:
     """The pairs that can run here, and what is skipped with its reason."""
@@ -209,7 +265,7 @@ def plan(candidates: Sequence[Candidate], workloads: Sequence[Workload]
     for w in workloads:
         serving = [(c, a) for c, a in zip(candidates, available) if c.serves(w.definition)]
         if not serving:
-            skipped["-", w.definition, "no solution serves this definition"] += 1
+            skipped[EVERY_SOLUTION, w.definition, NO_SERVER] += 1
         for c, (ok, reason) in serving:
             if ok:
                 pairs.append((c, w))
@@ -316,12 +372,15 @@ def verify(candidates: Sequence[Solution | Callable | Candidate], workloads: Seq
            tol: rules.Tolerance = rules.Tolerance(), device: str | None = None,
            save_dir: str | Path | None = None,
            on_start: Callable[[Candidate, Workload, int, int], None] | None = None,
-           on_result: Callable[[WorkloadResult], None] | None = None) -> Report:
-    """Verify every runnable (solution, workload) pair; list the rest as skipped.
+           on_result: Callable[[WorkloadResult], None] | None = None,
+           left_out: Sequence[Skipped] = ()) -> Report:
+    """Verify every runnable (solution, workload) pair; list the rest as skipped, with
+    left_out: the selected workloads not passed in (quick_subset's).
     on_start(candidate, workload, index, total) and on_result(result) report progress."""
     device = device or default_device()
     pairs, skipped = plan([candidate(c) for c in candidates], workloads)
-    report = Report(device, tol, trials, skipped=skipped)
+    report = Report(device, tol, trials, skipped=[*left_out, *skipped],
+                    selected=len(workloads) + sum(s.workloads for s in left_out))
     for index, (c, w) in enumerate(pairs):
         if on_start:
             on_start(c, w, index, len(pairs))

@@ -22,21 +22,40 @@ def make_inputs(workload: Workload, device="cuda", seed: int = 0) -> dict[str, A
 def select(suite_name: str | None = None, dataset: str | None = None, definition: str | None = None,
            workload_ids: Sequence[str] = ()) -> list[Workload]:
     """The workloads a command iterates over: one suite or a dataset, filtered by definition
-    pattern and, when given, by workload ids (in the suite's order; an unknown id is an error)."""
+    pattern and, when given, by workload ids (in the suite's order; an unknown id is an error).
+    With neither a suite nor a dataset named, ids are looked up in every embedded suite, and
+    without ids the suite is contest."""
     from fnmatch import fnmatch
 
     from dsactl.errors import DsactlError
 
-    workloads = load_dataset(dataset) if dataset else suite(suite_name or "contest")
+    if dataset:
+        workloads = load_dataset(dataset)
+    else:
+        workloads = suite(suite_name or ("all" if workload_ids else "contest"))
     if definition:
         workloads = [w for w in workloads if fnmatch(w.definition, definition)]
     if workload_ids:
         known = {w.uuid for w in workloads}
         missing = [i for i in workload_ids if i not in known]
         if missing:
-            raise DsactlError(f"no workload {', '.join(map(repr, missing))} in {dataset or suite_name or 'contest'}"
-                              + (f" for definition {definition!r}" if definition else ""))
+            where = dataset or (suite_name and f"suite {suite_name}") or "any suite"
+            raise DsactlError(f"no workload {', '.join(map(repr, missing))} in {where}"
+                              + (f" for definition {definition!r}" if definition else "")
+                              + ("" if dataset else _found_elsewhere(missing, definition)))
         workloads = [w for w in workloads if w.uuid in set(workload_ids)]
     if not workloads:
         raise DsactlError("no workload matches the given suite/dataset and definition")
     return workloads
+
+
+def _found_elsewhere(ids: Sequence[str], definition: str | None) -> str:
+    """'; edge has X' for the ids another suite holds, so the error says which --suite to pass."""
+    from fnmatch import fnmatch
+
+    holders = {}
+    for name in SUITES:
+        for w in suite(name):
+            if w.uuid in ids and (definition is None or fnmatch(w.definition, definition)):
+                holders.setdefault(name, []).append(w.uuid)
+    return "".join(f"; --suite {name} has {', '.join(found)}" for name, found in holders.items())
