@@ -33,27 +33,28 @@ HOPPER_CUDA = ["kernels/attention/hopper_mla.cu", "kernels/attention/hopper_mla_
 # Every file of each bundle after main.py: the Python it runs (sorted), then the CUDA it builds.
 EXPECTED_FILES = {
     ("dsactl-indexer", "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"): [
-        "kernels/__init__.py", "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py",
-        "kernels/indexer/passthrough.py", "kernels/indexer/score.py", "kernels/indexer/shapes.py",
+        "kernels/__init__.py", "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py",
+        "kernels/fp8.py", "kernels/indexer/passthrough.py", "kernels/indexer/score.py", "kernels/indexer/shapes.py",
         "kernels/indexer/solution.py", "kernels/topk/launcher.py", *TOPK_CUDA],
     ("dsactl-topk", TOPK): [
-        "kernels/__init__.py", "kernels/cuda_library.py", "kernels/errors.py", "kernels/topk/launcher.py", *TOPK_CUDA],
+        "kernels/__init__.py", "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py",
+        "kernels/topk/launcher.py", *TOPK_CUDA],
     ("torch-topk", TOPK): ["kernels/__init__.py", "kernels/errors.py", "kernels/fp8.py", "kernels/topk/torch_baseline.py"],
     # The contest's 16 heads: the Hopper kernel never serves them, so no CUDA and no dispatch.
     ("dsactl-attention", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/triton_entries.py",
-        "kernels/attention/triton_sparse_mla.py", "kernels/errors.py", "kernels/fp8.py"],
+        "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py", "kernels/errors.py", "kernels/fp8.py"],
     ("dsactl-attention-fp8kv-topklen", "dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64_fp8kv_topklen"): [
         "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/triton_entries.py",
-        "kernels/attention/triton_sparse_mla.py", "kernels/errors.py", "kernels/fp8.py"],
+        "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py", "kernels/errors.py", "kernels/fp8.py"],
     ("dsactl-attention-fp8kv", "dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64_fp8kv"): [
         "kernels/__init__.py", "kernels/attention/dispatch.py", "kernels/attention/entries.py",
         "kernels/attention/hopper_mla.py", "kernels/attention/solution.py", "kernels/attention/triton_sparse_mla.py",
-        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", *HOPPER_CUDA],
+        "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", *HOPPER_CUDA],
     ("dsactl-attention-hopper", "dsa_sparse_attention_h128_ckv512_kpe64_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/attention/dispatch.py", "kernels/attention/entries.py",
-        "kernels/attention/hopper_mla.py", "kernels/attention/triton_sparse_mla.py", "kernels/cuda_library.py",
-        "kernels/errors.py", "kernels/fp8.py", *HOPPER_CUDA],
+        "kernels/attention/hopper_mla.py", "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py",
+        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", *HOPPER_CUDA],
     ("torch-attention", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/torch_baseline.py",
         "kernels/fp8.py"],
