@@ -9,7 +9,7 @@
 # machine with the same nvcc, build/<arch>/ carried along). Areas:
 #   env        environment.json: GPU, clocks, driver, torch, triton, nvcc, ncu (dsactl doctor)
 #   verify     verify.json: every solution on every embedded suite against the references
-#   contest    contest.csv/.json + PNGs: the contest suite, every solution, torch baselines and the reference
+#   contest    contest.csv/.json + PNGs: the contest suite, every solution against the reference
 #   attention  attention.csv/.json + PNGs: production attention shapes (16-128 heads, 1-512 tokens, bf16 and
 #              FP8 KV), with FlashMLA's sparse decode in the same run when it imports (below)
 #   indexer    indexer.csv/.json + PNGs: the indexer at batch 1-128 x context 4K-128K
@@ -64,7 +64,7 @@ for area in "${AREAS[@]}"; do
   case $area in
     env) "${DSACTL[@]}" doctor --json "$DIR/environment.json" ;;
     verify) "${DSACTL[@]}" verify --suite all --json "$DIR/verify.json" ;;
-    contest) bench contest --suite contest ;;
+    contest) bench contest --suite contest -b reference --iters 20 --trials 1 ;;
     attention)
       # FlashMLA serves 64/128 heads; at 16/32 heads it runs padded to 64, as serving engines do.
       flashmla
