@@ -84,7 +84,7 @@ def test_select_filters_and_errors():
     assert len(workloads.select("contest", workload_ids=["contest-attention-003"])) == 1
     two = workloads.select("contest", workload_ids=["contest-indexer-070", "contest-indexer-000"])
     assert [w.uuid for w in two] == ["contest-indexer-000", "contest-indexer-070"]  # suite order
-    with pytest.raises(DsactlError, match="'missing' in contest for definition"):
+    with pytest.raises(DsactlError, match="'missing' in suite contest for definition"):
         workloads.select("contest", definition=CONTEST_ATTENTION, workload_ids=["contest-attention-003", "missing"])
     with pytest.raises(DsactlError, match="unknown suite"):
         workloads.select("nope")
