@@ -517,7 +517,11 @@ def test_unusable_output_paths_fail_before_timing(tmp_path, monkeypatch):
     assert isinstance(r.exception, DsactlError) and str(r.exception) == f"cannot write {tmp_path}: it is a directory"
     r = _bench_cli("--json", str(tmp_path / "a_file" / "b.json"))
     assert str(r.exception) == f"cannot write {tmp_path / 'a_file' / 'b.json'}: {tmp_path / 'a_file'} is not a directory"
-    report.check_writable(tmp_path / "new" / "deeper" / "b.csv")  # missing folders are created on write
+    r = _bench_cli("--json", str(tmp_path / "a_file" / "c" / "b.json"))
+    assert str(r.exception) == f"cannot write {tmp_path / 'a_file' / 'c' / 'b.json'}: cannot create " \
+                               f"{tmp_path / 'a_file' / 'c'} (Not a directory)"
+    report.check_writable(tmp_path / "new" / "deeper" / "b.csv")  # missing folders are made by the check
+    assert (tmp_path / "new" / "deeper").is_dir()
     monkeypatch.setattr(report.os, "access", lambda path, mode: False)
     with pytest.raises(DsactlError, match=f"^cannot write .*: {tmp_path} is not writable$"):
         report.check_writable(tmp_path / "b.csv")

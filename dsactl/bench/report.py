@@ -36,18 +36,20 @@ SCORES_KEY = "scores"  # the CSV header line of the scores; derived from the row
 
 
 def check_writable(path: str | Path) -> None:
-    """Raise DsactlError unless a file can be written at path: not a directory, and its
-    nearest existing ancestor a directory this process may write into (mkdir makes the rest)."""
+    """Raise DsactlError unless a file can be written at path: not a directory, its parent
+    created now (the write would create it anyway; making it is the only sure test, e.g. under
+    /proc or as root) and writable."""
     path = Path(path)
     if path.is_dir():
         raise DsactlError(f"cannot write {path}: it is a directory")
-    parent = path.parent
-    while not parent.exists():
-        parent = parent.parent
-    if not parent.is_dir():
-        raise DsactlError(f"cannot write {path}: {parent} is not a directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise DsactlError(f"cannot write {path}: {parent} is not writable")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise DsactlError(f"cannot write {path}: {path.parent} is not a directory") from None
+    except OSError as e:
+        raise DsactlError(f"cannot write {path}: cannot create {path.parent} ({e.strerror or e})") from None
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise DsactlError(f"cannot write {path}: {path.parent} is not writable")
 
 
 def default_stem(source: str, definition: str | None, solutions: list[str] | None) -> str:
