@@ -14,6 +14,7 @@ import math
 import re
 import statistics
 import sys
+from functools import lru_cache
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
@@ -37,6 +38,7 @@ def _rows(file: str) -> list[Result]:
     return read_csv(_source(file)).results
 
 
+@lru_cache(maxsize=None)
 def _axes() -> dict[str, dict[str, int]]:
     """Workload id -> its axes, over every embedded suite (the CSVs name workloads by id)."""
     return {w.uuid: w.axes for w in suite("all")}
@@ -105,7 +107,7 @@ def _attention(fp8: bool) -> str:
     for h in heads:
         ours = next((v for (hh, s), v in cells.items() if hh == h and s.startswith("dsactl")), {})
         theirs = cells.get((h, "flashmla"), {})
-        impl = sorted({getattr(r, "impl", "") or "" for r in ours.values()} - {""})
+        impl = sorted({r.impl for r in ours.values()} - {""})
         rows.append((f"{h}", "dsactl" + (f" ({', '.join(impl)})" if impl else ""),
                      *(_us(ours[t].median_us) if t in ours else "—" for t in ts)))
         if h < MEMORY_BOUND_BELOW_HEADS:
