@@ -15,10 +15,13 @@ import os
 import torch
 
 from .errors import KernelInputError
+from .fp8 import PAGE_SIZE
 
 CHECK_ENV = "DSACTL_CHECK"
 # ids past this cannot be int32 token ids: a larger cache bounds nothing, so kernels get this bound.
 MAX_INT32 = 2**31 - 1
+# Page ids [0, MAX_PAGES) give token ids up to MAX_INT32: the bound of a block table without a known cache.
+MAX_PAGES = (MAX_INT32 + 1) // PAGE_SIZE
 
 
 def checking(check: bool | None) -> bool:

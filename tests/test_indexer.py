@@ -283,11 +283,32 @@ def test_solution_matches_reference(fn, heads, topk, next_n, seq_lens, monkeypat
         # The CUDA top-k cannot run here: the top-k stage is its torch baseline (same contract),
         # so this checks scoring, passthrough and how the solution composes the stages.
         monkeypatch.setattr(solution, "topk_page_transform",
-                            lambda scores, lengths, table, r2b, out, k: topk_torch.topk_page_transform(
-                                scores, lengths, table, r2b, out))
+                            lambda scores, lengths, table, r2b, out, k, num_pages: topk_torch.topk_page_transform(
+                                scores, lengths, table, r2b, out, num_pages=num_pages))
     inputs = make_case(seq_lens, heads=heads, topk=topk, next_n=next_n, table_pad=-1, seed=topk + next_n)
     out = run_solution(fn, inputs, topk, next_n)
     assert_indexer_output(out, inputs, topk, next_n)
+
+
+def test_solution_gives_minus_one_for_pages_outside_the_cache(monkeypatch):
+    if DEVICE == "cpu":  # the top-k stage is its torch baseline, as above
+        monkeypatch.setattr(solution, "topk_page_transform",
+                            lambda scores, lengths, table, r2b, out, k, num_pages: topk_torch.topk_page_transform(
+                                scores, lengths, table, r2b, out, num_pages=num_pages))
+    # Request 0 is scored: 408 of its tokens are on pages in the cache, so the top-k also selects bad ones
+    # (they score -inf) and writes them as -1; request 1 fits in topk and is mapped structurally.
+    seq_lens, topk = [600, 200], 512
+    inputs = make_case(seq_lens, topk=topk, table_pad=-1, seed=13)
+    num_pages = inputs["k_index_cache_fp8"].shape[0]
+    inputs["block_table"], _ = plant_out_of_range_pages(inputs["block_table"], seq_lens, num_pages)
+    out = run_solution(dsa_topk_indexer, inputs, topk, 1)
+    for b, visible in enumerate(seq_lens):
+        pages = inputs["block_table"][b, torch.arange(visible, device=DEVICE) // PAGE_SIZE]
+        in_cache = (pages >= 0) & (pages < num_pages)
+        valid = physical_ids(inputs["block_table"], b, visible)[in_cache]
+        chosen = out[b][out[b] != -1].long()
+        assert chosen.numel() == min(topk, valid.numel()) == chosen.unique().numel(), f"request {b}"
+        assert torch.isin(chosen, valid).all(), f"request {b}: an id off the row's pages in the cache"
 
 
 def test_row_to_batch_maps_rows_to_requests_and_keeps_what_it_handed_out():

@@ -38,8 +38,9 @@ EXPECTED_FILES = {
         "kernels/indexer/solution.py", "kernels/topk/launcher.py", *TOPK_CUDA],
     ("dsactl-topk", TOPK): [
         "kernels/__init__.py", "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py",
-        "kernels/topk/launcher.py", *TOPK_CUDA],
-    ("torch-topk", TOPK): ["kernels/__init__.py", "kernels/errors.py", "kernels/fp8.py", "kernels/topk/torch_baseline.py"],
+        "kernels/fp8.py", "kernels/topk/launcher.py", *TOPK_CUDA],
+    ("torch-topk", TOPK): ["kernels/__init__.py", "kernels/bad_index.py", "kernels/errors.py", "kernels/fp8.py",
+                           "kernels/topk/torch_baseline.py"],
     # The contest's 16 heads: the Hopper kernel never serves them, so no CUDA and no dispatch.
     ("dsactl-attention", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/triton_entries.py",

@@ -17,7 +17,10 @@ from dsactl.definitions.topk import rank_key
 from dsactl.kernels.errors import KernelError
 from dsactl.fp8 import PAGE_SIZE
 from dsactl.harness import INT_POISON
-from dsactl.kernels.topk.launcher import MAX_TOPK, dsa_topk_page_transform, launch_plan, topk_page_transform
+from dsactl.kernels.errors import KernelInputError
+from dsactl.kernels.topk import torch_baseline
+from dsactl.kernels.topk.launcher import (MAX_PAGES, MAX_TOPK, bad_index_count, check_inputs, dsa_topk_page_transform,
+                                          launch_plan, reset_bad_index_count, topk_page_transform)
 from dsactl.kernels.topk.model import BINS, ROW_MAX_LEN, levels, radix_keys, topk_page_transform_model
 
 TOPK = 2048
@@ -157,8 +160,8 @@ MODEL_CONFIGS = {"one-cta": (1, 205 * 1024), "cluster4": (4, 205 * 1024), "clust
 def test_model_matches_reference(dtype, pattern, config):
     cluster_size, region_bytes = MODEL_CONFIGS[config]
     case = make_case(CPU_LENGTHS, dtype, pattern, seed=len(pattern))
-    out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
-                                    TOPK, cluster_size, region_bytes)
+    out, _ = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                       TOPK, cluster_size, region_bytes)
     assert_same_topk(out, reference(case, TOPK), case, TOPK, f"{pattern}/{config}")
 
 
@@ -168,8 +171,8 @@ def test_model_matches_reference(dtype, pattern, config):
 def test_model_row_kernel_matches_reference(dtype, pattern, max_len):
     case = make_case(ROW_LENGTHS[max_len], dtype, pattern, seed=max_len + len(pattern))
     trace: list[str] = []
-    out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
-                                    TOPK, trace=trace)
+    out, _ = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                       TOPK, trace=trace)
     assert trace == [f"row-kernel max_len={max_len}"], trace
     assert_same_topk(out, reference(case, TOPK), case, TOPK, f"{pattern}/row")
 
@@ -178,8 +181,8 @@ def test_model_row_kernel_matches_reference(dtype, pattern, max_len):
 def test_model_takes_the_overflow_fallback_and_stays_exact(dtype):
     case = make_case([30000, 9000], dtype, "coarse_bin", rows_per_request=2)
     trace: list[str] = []
-    out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
-                                    TOPK, cluster_size=2, region_bytes=4096, trace=trace)
+    out, _ = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                       TOPK, cluster_size=2, region_bytes=4096, trace=trace)
     assert any(t.startswith("overflow") for t in trace), trace
     assert_same_topk(out, reference(case, TOPK), case, TOPK)
 
@@ -193,17 +196,130 @@ def test_model_on_edge_workloads(bf16):
     assert workloads
     for w in workloads:
         case = make_inputs(w, "cpu", seed=11)
-        out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
-                                        TOPK, 2, 4096)
+        out, _ = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                           TOPK, 2, 4096)
         assert_same_topk(out, reference(case, TOPK), case, TOPK, w.uuid)
 
 
 @pytest.mark.parametrize("topk", (1, 7, 512, 1024))
 def test_model_other_k(topk):
     case = make_case([1, topk, topk + 1, 5000], torch.float32, "two_values", seed=topk)
-    out = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
-                                    topk, 2, 4096)
+    out, _ = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                       topk, 2, 4096)
     assert_same_topk(out, reference(case, topk), case, topk)
+
+
+def hostile_case(max_len: int, device: str = "cpu", seed: int = 21) -> tuple[dict, int]:
+    """Distinct scores (one top set per row) with bad values: page ids -7, -1, NUM_PAGES and 5e7 among
+    the rows' pages, a row whose batch is past the block table, one whose batch is negative, lengths
+    past max_len and past the pages; and the page bound the kernel is given."""
+    lengths = [max_len, 3000, 2047, max_len, 100, 9]
+    case = make_case(lengths, torch.float32, "random", seed=seed, max_len=max_len)
+    case["lengths"][3] = max_len + 500
+    rows = len(lengths)
+    case["scores"] = (torch.randperm(rows * max_len, generator=torch.Generator().manual_seed(seed))
+                      .float().view(rows, max_len) / 7.0)
+    table = case["block_table"]
+    num_pages = int(table.max()) + 1
+    for (b, p), page in zip([(0, 1), (0, 5), (1, 2), (1, 30), (3, 0), (4, 1)], (-7, -1, num_pages, 50_000_000,
+                                                                                 -2**31, MAX_PAGES)):
+        table[b, p] = page
+    case["row_to_batch"][4] = table.shape[0]
+    case["row_to_batch"][5] = -3
+    return {k: v.to(device) for k, v in case.items()}, num_pages
+
+
+def due_minus_written(out: torch.Tensor, case: dict, topk: int) -> int:
+    """The ids due (min(topk, clamped length) a row) that out holds as -1: what the counter must say."""
+    max_len, pages = case["scores"].shape[1], case["block_table"].shape[1]
+    lengths = case["lengths"].cpu().long().clamp(0, min(max_len, pages * PAGE_SIZE))
+    return int(lengths.clamp(max=topk).sum()) - int((out != -1).sum())
+
+
+def assert_same_ids(out: torch.Tensor, ref: torch.Tensor) -> None:
+    assert torch.equal(out.cpu().sort(dim=1).values, ref.cpu().sort(dim=1).values)
+
+
+@pytest.mark.parametrize("max_len", (5000, 20000))  # the row kernel's and the cluster kernel's
+def test_model_and_baseline_mask_bad_pages_and_batches_as_the_reference(max_len):
+    case, num_pages = hostile_case(max_len)
+    ref = reference(case, TOPK)
+    inside = case["block_table"] < num_pages
+    case_at_bound = dict(case, block_table=torch.where(inside, case["block_table"], MAX_PAGES).int())
+    want = reference(case_at_bound, TOPK)  # pages past num_pages masked as the reference masks MAX_PAGES
+    assert (want == -1).sum() > (ref == -1).sum() > 0
+    got, masked = topk_page_transform_model(case["scores"], case["lengths"], case["block_table"],
+                                            case["row_to_batch"], TOPK, 2, 4096, num_pages=num_pages)
+    assert_same_ids(got, want)
+    assert masked == due_minus_written(want, case, TOPK) > 0
+    baseline = torch.full((6, TOPK), INT_POISON, dtype=torch.int32)
+    torch_baseline.topk_page_transform(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                       baseline, num_pages=num_pages)
+    assert_same_ids(baseline, want)
+    assert (ref[4:] == -1).all() and (ref[:4] != -1).any()  # rows 4 and 5: batch outside the block table
+
+
+def test_reference_and_baseline_on_an_empty_block_table():
+    case = make_case([100, 0], torch.float32, seed=4)
+    case["block_table"] = torch.empty(0, 3, dtype=torch.int32)
+    ref = reference(case, 64)
+    baseline = torch.full((2, 64), INT_POISON, dtype=torch.int32)
+    torch_baseline.topk_page_transform(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"],
+                                       baseline)
+    assert (ref == -1).all() and (baseline == -1).all()
+
+
+def launcher_args(rows: int = 3, max_len: int = 300, topk: int = 64) -> dict:
+    case = make_case([max_len] * rows, torch.float32, seed=rows)
+    return {"scores": case["scores"], "lengths": case["lengths"], "block_table": case["block_table"],
+            "row_to_batch": case["row_to_batch"], "out": torch.empty(rows, topk, dtype=torch.int32), "topk": topk,
+            "num_pages": None}
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"num_pages": -1}, "num_pages must be an integer >= 0"),
+    ({"num_pages": 2.5}, "num_pages must be an integer"),
+    ({"scores": torch.zeros(3, 300, dtype=torch.float16)}, "scores must be float32 or bfloat16"),
+    ({"block_table": torch.zeros(3, 5, dtype=torch.int64)}, "block_table must be int32"),
+    ({"block_table": torch.zeros(3, 10, dtype=torch.int32)[:, ::2]}, "block_table rows must be contiguous"),
+    ({"block_table": torch.zeros(1, 5, dtype=torch.int32).expand(3, 5)}, "block_table rows must not overlap"),
+    ({"lengths": torch.zeros(2, dtype=torch.int32)}, r"lengths must be int32 \[3\]"),
+    ({"row_to_batch": torch.zeros(3, dtype=torch.int64)}, r"row_to_batch must be int32 \[3\]"),
+    ({"out": torch.empty(3, 65, dtype=torch.int32)}, r"out must be \[3, 64\]"),
+    ({"out": torch.empty(3, 64, dtype=torch.int64)}, "out must be int32"),
+    ({"row_to_batch": None, "block_table": torch.zeros(2, 5, dtype=torch.int32)}, "block_table has 2 rows for 3"),
+    ({"topk": 0}, r"topk must be an integer in \[1, 2048\]"),
+])
+def test_check_inputs_names_the_argument(change, message):
+    args = {**launcher_args(), **change}
+    with pytest.raises(KernelInputError, match=message):
+        check_inputs(**args)
+
+
+def test_check_values_names_the_first_bad_position():
+    case, num_pages = hostile_case(5000)
+    out = torch.empty(6, TOPK, dtype=torch.int32)
+    args = (case["scores"], case["lengths"], case["block_table"])
+    with pytest.raises(KernelInputError, match=r"row_to_batch\[0, 4\] = 6 is outside \[0, 6\)"):
+        check_inputs(*args, case["row_to_batch"], out, TOPK, num_pages, check=True)
+    r2b = case["row_to_batch"].clone()
+    r2b[4:] = 0
+    with pytest.raises(KernelInputError, match=r"block_table\[0, 1\] = -7 is outside \[0, \d+\)"):
+        check_inputs(*args, r2b, out, TOPK, num_pages, check=True)
+    clean = case["block_table"].clamp(0, num_pages - 1)
+    clean[2, -1] = -5  # past every row's pages: never read, not refused
+    assert check_inputs(case["scores"], case["lengths"], clean, r2b, out, TOPK, num_pages, check=True) == num_pages
+    assert check_inputs(case["scores"], case["lengths"], clean, r2b, out, TOPK, 2**40) == MAX_PAGES
+
+
+def test_dsactl_check_env_turns_the_validation_on(monkeypatch):
+    case, num_pages = hostile_case(5000)
+    out = torch.empty(6, TOPK, dtype=torch.int32)
+    args = (case["scores"], case["lengths"], case["block_table"], case["row_to_batch"], out, TOPK, num_pages)
+    check_inputs(*args)
+    monkeypatch.setenv("DSACTL_CHECK", "1")
+    with pytest.raises(KernelInputError, match="row_to_batch"):
+        check_inputs(*args)
 
 
 @pytest.mark.parametrize("arch", ("sm90a", "sm100a"))
@@ -406,3 +522,43 @@ def test_check_refuses_row_to_batch_past_the_block_table():
     with pytest.raises(KernelError, match=r"row_to_batch\[0, 1\] = 2 is outside \[0, 2\)"):
         topk_page_transform(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"], out, TOPK,
                             check=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("max_len", (5000, 20000, 200_000))  # the row kernel, the cluster kernel (1, 8 CTAs)
+def test_kernel_masks_bad_pages_and_batches_counts_them_and_stays_healthy(max_len):
+    case, num_pages = hostile_case(max_len, "cuda")
+    want, masked = topk_page_transform_model(*(case[n].cpu() for n in ("scores", "lengths", "block_table",
+                                                                      "row_to_batch")), TOPK, num_pages=num_pages)
+    reset_bad_index_count("cuda")
+    for repeat in range(2):
+        out = torch.full((6, TOPK), INT_POISON, dtype=torch.int32, device="cuda")
+        topk_page_transform(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"], out, TOPK,
+                            num_pages=num_pages)
+        assert_same_ids(out, want)
+    assert bad_index_count("cuda") == 2 * masked > 0
+    # The context survives: a clean call right after is exact.
+    clean = make_case([max_len, 3000], torch.float32, "random", seed=8, device="cuda")
+    assert_same_topk(run_kernel(clean, TOPK), reference(clean, TOPK), clean, TOPK)
+    torch.cuda.synchronize()
+
+
+@pytest.mark.gpu
+def test_kernel_masks_rows_of_an_empty_block_table():
+    case = make_case([100, 3000], torch.float32, seed=9, device="cuda")
+    out = torch.full((2, TOPK), INT_POISON, dtype=torch.int32, device="cuda")
+    reset_bad_index_count("cuda")
+    topk_page_transform(case["scores"], case["lengths"], torch.empty(0, 47, dtype=torch.int32, device="cuda"),
+                        case["row_to_batch"], out, TOPK)
+    assert (out == -1).all() and bad_index_count("cuda") == 100 + 2048
+
+
+@pytest.mark.gpu
+def test_check_refuses_a_page_outside_the_cache():
+    case, num_pages = hostile_case(5000, "cuda")
+    case["row_to_batch"][4:] = 0
+    out = torch.full((6, TOPK), INT_POISON, dtype=torch.int32, device="cuda")
+    with pytest.raises(KernelInputError, match=r"block_table\[0, 1\] = -7 is outside"):
+        topk_page_transform(case["scores"], case["lengths"], case["block_table"], case["row_to_batch"], out, TOPK,
+                            num_pages=num_pages, check=True)
+    assert (out == INT_POISON).all()  # refused before any launch

@@ -8,7 +8,13 @@ block_table[b, i // 64] * 64 + i % 64 of the top min(topk, length) positions,
 
 NaN rule: a NaN score ranks below every number, -inf included; it is selected
 only when the row has fewer than topk non-NaN scores.
+
+Bad values (outside the constraints) are masked, never translated: lengths are
+clamped to [0, min(max_len, max_num_pages * 64)]; a chosen position whose page id
+is outside [0, 2**25) (an id past int32) gives -1, as does every slot of a row
+whose row_to_batch value is not a block_table row. Selection ignores page ids.
 """
+
 
 from __future__ import annotations
 
@@ -33,16 +39,20 @@ def rank_key(scores: torch.Tensor) -> torch.Tensor:
 
 def reference(scores, lengths, block_table, row_to_batch, topk=2048):
     """Per row: top min(topk, length) of the valid scores by rank_key, translated
-    through the row's request's block table, -1 padded."""
-    num_rows = scores.shape[0]
+    through the row's request's block table, -1 padded; bad values masked as the
+    module docstring says."""
+    num_rows, max_len = scores.shape
+    batch_size, max_num_pages = block_table.shape
+    max_pages = 2**25  # page ids whose token ids fit int32
     out = torch.full((num_rows, topk), -1, dtype=torch.int32, device=scores.device)
     for r in range(num_rows):
-        length = int(lengths[r])
-        if length <= 0:
-            continue
+        length = min(max(int(lengths[r]), 0), max_len, max_num_pages * PAGE_SIZE)
         b = int(row_to_batch[r])
+        if length == 0 or not 0 <= b < batch_size:
+            continue
         chosen = torch.topk(rank_key(scores[r, :length]), min(topk, length)).indices
-        physical = block_table[b, chosen // PAGE_SIZE] * PAGE_SIZE + chosen % PAGE_SIZE
+        page = block_table[b, chosen // PAGE_SIZE].long()
+        physical = torch.where((page >= 0) & (page < max_pages), page * PAGE_SIZE + chosen % PAGE_SIZE, -1)
         out[r, : chosen.numel()] = physical.to(torch.int32)
     return out
 

@@ -12,6 +12,8 @@ Two launches at most, no host sync:
   into scratch allocated per call, skipping requests whose rows all fit in topk, and the exact CUDA
   top-k (kernels/topk, CUDA library `topk`) selects and translates per
   row; a row that fits keeps all its tokens, so its unwritten scores never decide anything.
+A block-table page outside the cache is never read and gives -1 on both paths (its keys score -inf,
+so the top-k picks its tokens only when a row has fewer valid ones than topk, and masks them).
 """
 
 from __future__ import annotations
@@ -57,4 +59,4 @@ def dsa_topk_indexer(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor,
     lengths = torch.empty(rows, dtype=torch.int32, device=device)
     row_to_batch = _row_to_batch(device, rows, next_n)
     score(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, scores, lengths, skip_len=topk)
-    topk_page_transform(scores, lengths, block_table, row_to_batch, out, topk)
+    topk_page_transform(scores, lengths, block_table, row_to_batch, out, topk, num_pages=k_index_cache_fp8.shape[0])

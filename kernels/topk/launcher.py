@@ -6,7 +6,13 @@ min(topk, lengths[r]) positions i of scores[r, :lengths[r]] (b = row_to_batch[r]
 row_to_batch is None), -1 padded, in no particular order. Exact for every input: ties at the
 threshold fill the remaining slots, NaN ranks below -inf (the definition's rule), -0.0 equals
 +0.0. topk <= 2048 (the algorithm has no other limit on k; 2048 is the contract's maximum and
-what is tested).
+what is tested). Lengths are clamped to [0, min(max_len, max_num_pages * 64)].
+
+Bad values never become ids outside the cache: a chosen position whose block-table entry is
+outside [0, num_pages) is written as -1, and a row whose row_to_batch value is outside
+[0, block_table rows) is all -1; each -1 written in place of a due id is counted on the device
+(bad_index_count). Selection never depends on page ids. num_pages defaults to MAX_PAGES, the
+pages whose ids fit int32.
 
 Two kernels (topk.cu): rows of max_len <= 8192 run one CTA per row with the keys in registers;
 longer rows a thread-block cluster per row (`launch_plan` says which, and the cluster size).
@@ -22,9 +28,10 @@ from functools import lru_cache
 
 import torch
 
-from ..bad_index import check_ids, checking
+from ..bad_index import MAX_PAGES, BadIndexCounter, check_ids, checking
 from ..cuda_library import load_library
 from ..errors import KernelBuildError, KernelError, KernelInputError
+from ..fp8 import PAGE_SIZE
 
 LIBRARY = "topk"
 MAX_TOPK = 2048
@@ -42,8 +49,9 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dsa_topk_page_transform.argtypes = [
         ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong,  # scores, dtype, row stride
         ctypes.c_void_p,  # lengths
-        ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int,  # block_table, row stride, max_pages
+        ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_int,  # block_table, row stride, rows, max_pages
         ctypes.c_void_p,  # row_to_batch or NULL
+        ctypes.c_int, ctypes.c_void_p,  # num_pages, bad-id counter
         ctypes.c_void_p, ctypes.c_longlong,  # out, row stride
         ctypes.c_int, ctypes.c_int, ctypes.c_int,  # rows, max_len, topk
         ctypes.c_void_p,  # cudaStream_t
@@ -51,8 +59,11 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dsa_topk_error_string.restype = ctypes.c_char_p
     lib.dsa_topk_error_string.argtypes = [ctypes.c_int]
     lib.dsa_topk_max_topk.restype = ctypes.c_int
-    if lib.dsa_topk_max_topk() != MAX_TOPK:
-        raise KernelBuildError(f"lib{LIBRARY}.so was built with a different top-k limit: "
+    if not hasattr(lib, "dsa_topk_max_pages"):
+        raise KernelBuildError(f"lib{LIBRARY}.so predates page masking: rebuild it with `dsactl build`")
+    lib.dsa_topk_max_pages.restype = ctypes.c_int
+    if lib.dsa_topk_max_topk() != MAX_TOPK or lib.dsa_topk_max_pages() != MAX_PAGES:
+        raise KernelBuildError(f"lib{LIBRARY}.so was built with different top-k or page limits: "
                                "rebuild it with `dsactl build`")
     lib.dsa_topk_launch_plan.restype = ctypes.c_int
     lib.dsa_topk_launch_plan.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_int,  # dtype, rows, max_len
@@ -72,6 +83,9 @@ def _check_matrix(name: str, t: torch.Tensor, dtypes: tuple[torch.dtype, ...], d
         raise KernelInputError(f"top-k: {name} must be 2-D, got shape {list(t.shape)}")
     if t.shape[1] > 1 and t.stride(1) != 1:
         raise KernelInputError(f"top-k: {name} rows must be contiguous (stride(1) == 1), got strides {t.stride()}")
+    if t.shape[0] > 1 and t.stride(0) < t.shape[1]:
+        raise KernelInputError(f"top-k: {name} rows must not overlap (stride(0) >= {t.shape[1]}), "
+                               f"got strides {t.stride()}")
 
 
 def _check_vector(name: str, t: torch.Tensor, rows: int, device: torch.device) -> None:
@@ -84,16 +98,60 @@ def _check_vector(name: str, t: torch.Tensor, rows: int, device: torch.device) -
         raise KernelInputError(f"top-k: {name} must be contiguous")
 
 
-def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
-                        row_to_batch: torch.Tensor | None, out: torch.Tensor, topk: int,
-                        check: bool | None = None) -> None:
-    """Write the exact top-k of every row, translated to physical ids (module docstring). check
-    (default: DSACTL_CHECK=1) also validates row_to_batch's values against block_table's rows, which
-    needs a host synchronization."""
+# Ids the kernels wrote as -1 because their page was outside the cache or their row's batch outside the
+# block table, per device.
+BAD_IDS = BadIndexCounter()
+
+
+def bad_index_count(device: torch.device | str) -> int:
+    """How many due ids the top-k on `device` masked as -1 since the last reset (syncs)."""
+    return BAD_IDS.count(device)
+
+
+def reset_bad_index_count(device: torch.device | str) -> None:
+    BAD_IDS.reset(device)
+
+
+def read_pages(lengths: torch.Tensor, block_table: torch.Tensor, row_to_batch: torch.Tensor | None,
+               max_len: int) -> torch.Tensor:
+    """bool [batch, max_pages]: the block-table entries some row translates through (its first
+    ceil(clamped length / 64) pages); rows whose batch is outside the table read none."""
+    batch, max_pages = block_table.shape
+    rows = lengths.shape[0]
+    clamped = lengths.long().clamp(0, min(max_len, max_pages * PAGE_SIZE))
+    pages_read = (clamped + PAGE_SIZE - 1) // PAGE_SIZE
+    b = torch.arange(rows, device=lengths.device) if row_to_batch is None else row_to_batch.long()
+    inside = (b >= 0) & (b < batch)
+    per_batch = torch.zeros(batch, dtype=torch.long, device=lengths.device)
+    per_batch.scatter_reduce_(0, b[inside], pages_read[inside], "amax")
+    return torch.arange(max_pages, device=lengths.device)[None, :] < per_batch[:, None]
+
+
+def check_values(lengths: torch.Tensor, block_table: torch.Tensor, row_to_batch: torch.Tensor | None,
+                 max_len: int, num_pages: int) -> None:
+    """The host-side validation (check=True): every row's batch is a block-table row, every page a row
+    translates through is in the cache."""
+    if row_to_batch is not None and row_to_batch.numel():
+        check_ids("top-k", "row_to_batch", row_to_batch[None, :], block_table.shape[0], padding=False)
+    if block_table.numel():
+        read = read_pages(lengths, block_table, row_to_batch, max_len)
+        check_ids("top-k", "block_table", block_table, num_pages, read, padding=False)
+
+
+def check_inputs(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
+                 row_to_batch: torch.Tensor | None, out: torch.Tensor, topk: int, num_pages: int | None,
+                 check: bool | None = None) -> int:
+    """Every shape, dtype, device and layout relation of a call, on any device (one-line
+    KernelInputError naming the argument); with check, the values too (check_values). Returns the page
+    bound the kernel gets."""
     if not isinstance(topk, int) or not 1 <= topk <= MAX_TOPK:
         raise KernelInputError(f"top-k: topk must be an integer in [1, {MAX_TOPK}], got {topk!r}")
-    if not isinstance(scores, torch.Tensor) or scores.device.type != "cuda":
-        raise KernelInputError("top-k: scores must be a CUDA tensor")
+    if num_pages is None:
+        num_pages = MAX_PAGES
+    if not isinstance(num_pages, int) or num_pages < 0:
+        raise KernelInputError(f"top-k: num_pages must be an integer >= 0, got {num_pages!r}")
+    if not isinstance(scores, torch.Tensor):
+        raise KernelInputError(f"top-k: scores must be a tensor, got {type(scores).__name__}")
     device = scores.device
     _check_matrix("scores", scores, tuple(_DTYPE_CODES), device)
     _check_matrix("block_table", block_table, (torch.int32,), device)
@@ -110,8 +168,24 @@ def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table
             )
     else:
         _check_vector("row_to_batch", row_to_batch, rows, device)
-        if checking(check) and rows:
-            check_ids("top-k", "row_to_batch", row_to_batch[None, :], block_table.shape[0], padding=False)
+    num_pages = min(num_pages, MAX_PAGES)
+    if checking(check):
+        check_values(lengths, block_table, row_to_batch, max_len, num_pages)
+    return num_pages
+
+
+def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
+                        row_to_batch: torch.Tensor | None, out: torch.Tensor, topk: int,
+                        num_pages: int | None = None, check: bool | None = None) -> None:
+    """Write the exact top-k of every row, translated to physical ids (module docstring). num_pages is
+    the cache's page count (default MAX_PAGES; larger values are clamped to it). check (default:
+    DSACTL_CHECK=1) refuses bad row_to_batch values and block-table entries on the host first, which
+    needs a host synchronization."""
+    num_pages = check_inputs(scores, lengths, block_table, row_to_batch, out, topk, num_pages, check)
+    device = scores.device
+    if device.type != "cuda":
+        raise KernelInputError("top-k: scores must be a CUDA tensor")
+    rows, max_len = scores.shape
     if rows == 0:
         return
     lib = _library()
@@ -119,8 +193,9 @@ def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table
         code = lib.dsa_topk_page_transform(
             scores.data_ptr(), _DTYPE_CODES[scores.dtype], scores.stride(0),
             lengths.data_ptr(),
-            block_table.data_ptr(), block_table.stride(0), block_table.shape[1],
+            block_table.data_ptr(), block_table.stride(0), block_table.shape[0], block_table.shape[1],
             None if row_to_batch is None else row_to_batch.data_ptr(),
+            num_pages, BAD_IDS.tensor(device).data_ptr(),
             out.data_ptr(), out.stride(0),
             rows, max_len, topk,
             torch.cuda.current_stream(device).cuda_stream,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from ..bad_index import MAX_PAGES
 from ..fp8 import PAGE_SIZE
 
 DIGIT_BITS = 11
@@ -120,8 +121,10 @@ def select_row(keys: torch.Tensor, k: int, bits: int, cluster_size: int, region_
 
 def topk_page_transform_model(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
                               row_to_batch: torch.Tensor | None, topk: int, cluster_size: int = 1,
-                              region_bytes: int = 206 * 1024, trace: list[str] | None = None) -> torch.Tensor:
-    """int32 [rows, topk]: the model's output for the launcher's contract (launcher.py).
+                              region_bytes: int = 206 * 1024, trace: list[str] | None = None,
+                              num_pages: int = MAX_PAGES) -> tuple[torch.Tensor, int]:
+    """(int32 [rows, topk], masked ids): the model's output and device count for the launcher's
+    contract (launcher.py), bad batches and pages outside [0, num_pages) masked as -1.
     cluster_size and region_bytes are the cluster kernel's launch (the launcher derives them
     from the GPU); rows of max_len <= ROW_MAX_LEN take the register-resident kernel instead:
     one CTA, every key on chip, so the search never leaves the chip."""
@@ -133,12 +136,19 @@ def topk_page_transform_model(scores: torch.Tensor, lengths: torch.Tensor, block
         if trace is not None:
             trace.append(f"row-kernel max_len={max_len}")
     out = torch.full((rows, topk), -1, dtype=torch.int32)
+    masked = 0
     for r in range(rows):
         length = min(max(int(lengths[r]), 0), max_len, block_table.shape[1] * PAGE_SIZE)
         b = r if row_to_batch is None else int(row_to_batch[r])
+        if not 0 <= b < block_table.shape[0]:  # the row's block-table row is never read
+            masked += min(length, topk)
+            continue
         if length <= topk:
             chosen = torch.arange(length)
         else:
             chosen = select_row(keys[r, :length], topk, bits, cluster_size, region_bytes, trace)
-        out[r, : chosen.numel()] = (block_table[b, chosen // PAGE_SIZE] * PAGE_SIZE + chosen % PAGE_SIZE).int()
-    return out
+        page = block_table[b, chosen // PAGE_SIZE].long()
+        in_cache = (page >= 0) & (page < num_pages)
+        masked += int((~in_cache).sum())
+        out[r, : chosen.numel()] = torch.where(in_cache, page * PAGE_SIZE + chosen % PAGE_SIZE, -1).int()
+    return out, masked

@@ -3,12 +3,16 @@
 // Contract (C ABI, see dsa_topk_page_transform below):
 //   scores       [rows, max_len] fp32 or bf16, row stride scores_stride (elements), unit column stride
 //   lengths      [rows] int32: row r's valid scores are its first lengths[r]
-//   block_table  [batch, max_pages] int32, row stride block_table_stride
+//   block_table  [batch_rows, max_pages] int32, row stride block_table_stride
 //   row_to_batch [rows] int32 or NULL (NULL: row r uses block-table row r)
 //   out          [rows, topk] int32, row stride out_stride: physical ids
 //                block_table[b, i / 64] * 64 + i % 64 of the top min(topk, length) positions
 //                i, -1 padded, in no particular order (set semantics, no duplicates).
-//   1 <= topk <= kMaxTopk.
+//   1 <= topk <= kMaxTopk; 0 <= num_pages <= 2^25 (every id then fits int32).
+// Masking: a selected position whose block-table entry is outside [0, num_pages) is written as
+// -1, and a row whose row_to_batch value is outside [0, batch_rows) is all -1 (its block-table
+// row is never read); each such -1 in place of a due id adds 1 to *bad_count (atomics on that path
+// only). Selection itself never depends on the page ids.
 // Order: scores are ranked by an order-preserving unsigned key (fp32: 32 bits, bf16: 16 bits)
 // in which -0.0 equals +0.0 and every NaN ranks below -inf; ties at the threshold are broken
 // arbitrarily but exactly (topk ids in total). Lengths are clamped to
@@ -41,7 +45,12 @@ enum ErrorCode : int {
   kBadDtype = -2,
   kBadShape = -3,
   kNullPointer = -4,
+  kBadPages = -5,
 };
+
+// Ids of pages [0, kMaxPages) fit int32.
+constexpr int kMaxPages = 1 << 25;
+static_assert(static_cast<long long>(kMaxPages) * kPageSize - 1 == 0x7fffffffLL, "the largest id is INT32_MAX");
 
 enum Dtype : int { kFloat32 = 0, kBfloat16 = 1 };
 
@@ -181,22 +190,29 @@ extern "C" {
 
 int dsa_topk_max_topk() { return kMaxTopk; }
 
+int dsa_topk_max_pages() { return kMaxPages; }
+
 // Writes out[rows, topk]; see the contract at the top of this file. Returns 0, a CUDA error
 // code (> 0), or a negative ErrorCode; dsa_topk_error_string names either.
 int dsa_topk_page_transform(const void* scores, int dtype, long long scores_stride, const int* lengths,
-                            const int* block_table, long long block_table_stride, int max_pages,
-                            const int* row_to_batch, int* out, long long out_stride, int rows, int max_len,
-                            int topk, cudaStream_t stream) {
+                            const int* block_table, long long block_table_stride, int batch_rows, int max_pages,
+                            const int* row_to_batch, int num_pages, int* bad_count, int* out,
+                            long long out_stride, int rows, int max_len, int topk, cudaStream_t stream) {
   if (topk < 1 || topk > kMaxTopk) return kBadTopk;
   const int status = check_args(dtype, rows, max_len);
   if (status != kOk) return status;
-  if (max_pages < 0 || scores_stride < max_len || out_stride < topk || block_table_stride < max_pages) {
+  if (max_pages < 0 || batch_rows < 0 || scores_stride < max_len || out_stride < topk ||
+      block_table_stride < max_pages || (row_to_batch == nullptr && batch_rows < rows)) {
     return kBadShape;
   }
+  if (num_pages < 0 || num_pages > kMaxPages) return kBadPages;
   if (rows == 0) return kOk;
-  if (scores == nullptr || lengths == nullptr || block_table == nullptr || out == nullptr) return kNullPointer;
+  // An empty scores or block_table matrix is never read (lengths clamp to 0), so it may be null.
+  const bool no_scores = scores == nullptr && max_len > 0;
+  const bool no_table = block_table == nullptr && static_cast<long long>(batch_rows) * max_pages > 0;
+  if (no_scores || no_table || lengths == nullptr || out == nullptr || bad_count == nullptr) return kNullPointer;
   const Params p{scores, scores_stride, lengths, block_table, block_table_stride, max_pages, row_to_batch,
-                 out, out_stride, max_len, topk, 0, 0};
+                 batch_rows, num_pages, bad_count, out, out_stride, max_len, topk, 0, 0};
   return dtype == kFloat32 ? launch<Fp32>(p, dtype, rows, stream) : launch<Bf16>(p, dtype, rows, stream);
 }
 
@@ -224,6 +240,7 @@ const char* dsa_topk_error_string(int code) {
     case kBadDtype: return "scores dtype must be float32 or bfloat16";
     case kBadShape: return "inconsistent shapes or strides";
     case kNullPointer: return "null device pointer";
+    case kBadPages: return "num_pages must be in [0, 2^25]";
     default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
 }

@@ -143,14 +143,16 @@ __device__ __forceinline__ void cluster_barrier(const cg::cluster_group& cluster
   }
 }
 
-// Logical position -> physical id. `pages` points at the row's block-table entries, either the
-// staged shared-memory copy (offset so that it is indexed by logical page) or global memory;
-// generic addressing serves both.
+// Logical position -> physical id, -1 for a page outside the cache (added to `masked`). `pages`
+// points at the row's block-table entries, either the staged shared-memory copy (offset so that it
+// is indexed by logical page) or global memory; generic addressing serves both.
 struct PageMap {
   const int* pages;
-  __device__ int physical(int i) const {  // i >= 0: unsigned division is a shift
+  __device__ int physical(const Params& p, int i, int& masked) const {  // i >= 0: unsigned division is a shift
     const unsigned u = static_cast<unsigned>(i);
-    return pages[u / kPageSize] * kPageSize + static_cast<int>(u % kPageSize);
+    const int id = physical_id(p, pages[u / kPageSize], static_cast<int>(u % kPageSize));
+    masked += id < 0;
+    return id;
   }
 };
 
@@ -317,15 +319,23 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
 
   const int length = clamped_length(p, p.lengths[row]);
   const int batch = p.row_to_batch != nullptr ? p.row_to_batch[row] : row;
-  const int* table = p.block_table + batch * p.block_table_stride;
   int* out = p.out + row * p.out_stride;
+  const int per_rank = ceil_div(k, cluster_size);
+  const int stop = min(k, (rank + 1) * per_rank);
+  if (!batch_in_table(p, batch)) {
+    mask_row(p, out, length, rank * per_rank + static_cast<int>(threadIdx.x), stop, kThreads, rank == 0);
+    return;  // uniform over the cluster
+  }
+  const int* table = p.block_table + batch * p.block_table_stride;
 
   if (length <= k) {  // every valid position is selected: structural mapping, no histogram
-    const int per_rank = ceil_div(k, cluster_size);
-    const int stop = min(k, (rank + 1) * per_rank);
+    int masked = 0;
     for (int i = rank * per_rank + static_cast<int>(threadIdx.x); i < stop; i += kThreads) {
-      out[i] = i < length ? table[i / kPageSize] * kPageSize + i % kPageSize : -1;
+      const int id = i < length ? physical_id(p, table[i / kPageSize], i % kPageSize) : -1;
+      masked += i < length && id < 0;
+      out[i] = id;
     }
+    count_masked(p, masked);
     return;  // uniform over the cluster (one cluster per row): no CTA waits on a barrier
   }
 
@@ -398,6 +408,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
   int local_eq = 0;
   int* remote_greater = cluster.map_shared_rank(&s.cluster_greater, 0);
   int* remote_ties = cluster.map_shared_rank(&s.cluster_ties, 0);
+  int masked = 0;  // ids this thread wrote as -1 (pages outside the cache)
 
   for (int l = 0;; ++l) {
     cluster_barrier(cluster, cluster_size);
@@ -430,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
         int2 slot = reserve_slots(__popc(bits.x), __popc(bits.y), &s.slots);
         for_each_element(b, [&](int n, int i, uint32_t key, bool) {
           const bool is_equal = (bits.y >> n) & 1u;
-          if ((bits.x >> n) & 1u) out[greater_base + slot.x++] = pages.physical(i);
+          if ((bits.x >> n) & 1u) out[greater_base + slot.x++] = pages.physical(p, i, masked);
           if (is_equal) {
             cand_key[slot.y] = key;
             cand_idx[slot.y++] = i;
@@ -465,11 +476,12 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
     int2 slot = reserve_slots(__popc(bits.x), __popc(bits.y), &s.slots);
     for_each_element(b, [&](int n, int i, uint32_t, bool) {
       const bool is_equal = (bits.y >> n) & 1u;
-      if ((bits.x >> n) & 1u) out[greater_base + slot.x++] = pages.physical(i);
-      if (is_equal && slot.y < tie_take) out[tie_base + slot.y] = pages.physical(i);
+      if ((bits.x >> n) & 1u) out[greater_base + slot.x++] = pages.physical(p, i, masked);
+      if (is_equal && slot.y < tie_take) out[tie_base + slot.y] = pages.physical(p, i, masked);
       slot.y += is_equal;
     });
   });
+  count_masked(p, masked);
   // Rank 0's counters and every CTA's histograms must outlive the cluster's last remote access.
   if (cluster_size > 1) cluster.sync();
 }

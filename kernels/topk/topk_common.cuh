@@ -77,6 +77,9 @@ struct Params {
   long long block_table_stride;
   int max_pages;
   const int* row_to_batch;
+  int batch_rows;  // block_table's rows: a row_to_batch value outside [0, batch_rows) masks its row
+  int num_pages;   // pages in the cache: a block-table entry outside [0, num_pages) translates to -1
+  int* bad_count;  // adds the ids written as -1 for either reason
   int* out;
   long long out_stride;
   int max_len;
@@ -89,6 +92,34 @@ struct Params {
 // buffers (the operator's contract requires them in range).
 __device__ __forceinline__ int clamped_length(const Params& p, int raw) {
   return min(max(raw, 0), min(p.max_len, p.max_pages * kPageSize));
+}
+
+// One unsigned compare each: a negative value wraps above every bound.
+__device__ __forceinline__ bool batch_in_table(const Params& p, int batch) {
+  return static_cast<unsigned>(batch) < static_cast<unsigned>(p.batch_rows);
+}
+
+__device__ __forceinline__ bool page_in_cache(const Params& p, int page) {
+  return static_cast<unsigned>(page) < static_cast<unsigned>(p.num_pages);
+}
+
+// The physical id of slot `slot` of `page`, or -1 (counted by the caller) for a page outside the cache:
+// such an entry never becomes an id that could be dereferenced.
+__device__ __forceinline__ int physical_id(const Params& p, int page, int slot) {
+  return page_in_cache(p, page) ? page * kPageSize + slot : -1;
+}
+
+// Adds a thread's masked ids to the device counter: an atomic on the bad path only.
+__device__ __forceinline__ void count_masked(const Params& p, int masked) {
+  if (masked > 0) atomicAdd(p.bad_count, masked);
+}
+
+// A row whose row_to_batch value is outside the block table: every slot -1, its min(length, k)
+// due ids counted once by thread 0 of the row's first CTA (first_cta). The block table is not read.
+__device__ __forceinline__ void mask_row(const Params& p, int* out, int length, int begin, int stop, int stride,
+                                         bool first_cta) {
+  for (int i = begin; i < stop; i += stride) out[i] = -1;
+  if (first_cta && threadIdx.x == 0) count_masked(p, min(length, p.topk));
 }
 
 // Loads the compiler may neither sink below a later branch nor delay to their first use

@@ -119,11 +119,19 @@ __global__ void __launch_bounds__(kRowThreads, 1) topk_row_kernel(const Params p
   if (t == 0) s.slots = 0;
 
   const int length = clamped_length(p, raw_length);
+  if (!batch_in_table(p, batch)) {
+    mask_row(p, out, length, t, k, kRowThreads, true);
+    return;  // uniform over the CTA
+  }
   const int* table = p.block_table + batch * p.block_table_stride;
   if (length <= k) {  // every valid position is selected: structural mapping, no histogram
+    int masked = 0;
     for (int i = t; i < k; i += kRowThreads) {
-      out[i] = i < length ? table[i / kPageSize] * kPageSize + i % kPageSize : -1;
+      const int id = i < length ? physical_id(p, table[i / kPageSize], i % kPageSize) : -1;
+      masked += i < length && id < 0;
+      out[i] = id;
     }
+    count_masked(p, masked);
     return;  // uniform over the CTA: no thread waits on a barrier
   }
   int page[kVecs];
@@ -184,9 +192,10 @@ __global__ void __launch_bounds__(kRowThreads, 1) topk_row_kernel(const Params p
   int greater_slot = start >> kSlotShift;
   int tie_slot = start & ((1 << kSlotShift) - 1);
   const int tie_base = k - k_rem;
-  int id[kVecs];  // physical id of each vector's first position (a vector lies in one page)
+  int id[kVecs];  // physical id of each vector's first position (a vector lies in one page), or -1
 #pragma unroll
-  for (int u = 0; u < kVecs; ++u) id[u] = page[u] * kPageSize + pos(u) % kPageSize;
+  for (int u = 0; u < kVecs; ++u) id[u] = physical_id(p, page[u], pos(u) % kPageSize);
+  int masked_ids = 0;
 #pragma unroll
   for (int u = 0; u < kVecs; ++u) {
 #pragma unroll
@@ -196,11 +205,14 @@ __global__ void __launch_bounds__(kRowThreads, 1) topk_row_kernel(const Params p
       const bool greater = masked > value;
       const bool tie = kj != kInvalidKey && masked == value;
       const int slot = greater ? greater_slot : tie_base + tie_slot;
-      if (greater || (tie && tie_slot < k_rem)) out[slot] = id[u] + j;
+      const bool write = greater || (tie && tie_slot < k_rem);
+      if (write) out[slot] = id[u] < 0 ? -1 : id[u] + j;
+      masked_ids += write && id[u] < 0;
       greater_slot += greater;
       tie_slot += tie;
     }
   }
+  count_masked(p, masked_ids);
 }
 
 }  // namespace topk

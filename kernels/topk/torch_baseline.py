@@ -8,13 +8,16 @@ physical ids of the top min(K, length) valid scores, -1 padded.
 One torch.topk over all rows at once on float64 keys that encode the contract's
 order: finite scores keep their value; -inf and NaN move below every float32
 (NaN lowest of the valid), and positions at or beyond the row length become
--inf so that they rank below every valid score and are never kept.
+-inf so that they rank below every valid score and are never kept. Bad values are
+masked as the kernel masks them (launcher.py): pages outside [0, num_pages) and rows
+whose batch is not a block-table row give -1.
 """
 
 from __future__ import annotations
 
 import torch
 
+from ..bad_index import MAX_PAGES
 from ..errors import KernelInputError
 from ..fp8 import PAGE_SIZE
 
@@ -24,11 +27,14 @@ NAN_KEY = -1e301  # a valid NaN ranks below -inf
 
 
 def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table: torch.Tensor,
-                        row_to_batch: torch.Tensor, topk_indices: torch.Tensor) -> None:
+                        row_to_batch: torch.Tensor, topk_indices: torch.Tensor, *, num_pages: int = MAX_PAGES) -> None:
     num_rows, max_len = scores.shape
     topk = topk_indices.shape[1]
     if topk_indices.shape[0] != num_rows:
         raise KernelInputError(f"topk_indices has {topk_indices.shape[0]} rows, scores {num_rows}")
+    if block_table.numel() == 0:  # no row has a page to translate through
+        topk_indices.fill_(-1)
+        return
     key = scores.double()
     key = torch.where(key == float("-inf"), NEG_INF_KEY, key)
     key = torch.where(torch.isnan(key), NAN_KEY, key)
@@ -37,9 +43,14 @@ def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table
     key.masked_fill_(pos[None, :] >= lengths[:, None], float("-inf"))
     k = min(topk, max_len)
     chosen = torch.topk(key, k, dim=1).indices  # [num_rows, k], best first
-    # Positions past the block table are never kept (rank >= length); clamp so the gather stays in bounds.
-    page = (chosen // PAGE_SIZE).clamp_(max=block_table.shape[1] - 1)
-    physical = block_table.long()[row_to_batch.long()[:, None], page] * PAGE_SIZE + chosen % PAGE_SIZE
+    # Positions past the block table are never kept (rank >= length), nor are rows whose batch is
+    # not a block-table row; clamp both so the gather stays in bounds, then mask them.
+    batch, max_pages = block_table.shape
+    lengths = lengths.clamp(max=max_pages * PAGE_SIZE)
+    b = row_to_batch.long()
+    lengths = torch.where((b >= 0) & (b < batch), lengths, 0)
+    page = block_table.long()[b.clamp(0, max(batch - 1, 0))[:, None], (chosen // PAGE_SIZE).clamp_(max=max_pages - 1)]
+    physical = torch.where((page >= 0) & (page < min(num_pages, MAX_PAGES)), page * PAGE_SIZE + chosen % PAGE_SIZE, -1)
     rank = torch.arange(k, device=scores.device)
     physical = torch.where(rank[None, :] < lengths[:, None], physical, -1)
     topk_indices[:, :k] = physical.to(torch.int32)
