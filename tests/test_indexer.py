@@ -252,6 +252,20 @@ def test_pages_outside_the_cache_score_minus_inf_unread_and_counted():
         assert (scores[r, :visible][~in_cache] == float("-inf")).all()
 
 
+def test_seq_lens_past_the_pages_score_only_the_pages():
+    seq_lens, next_n = [200, 120], 1
+    inputs = make_case(seq_lens, heads=32, extra_pages=0, seed=12)
+    table = inputs["block_table"][:, :2].contiguous()  # 128 tokens of pages for seq_lens of 200 and 120
+    scores = torch.full((2, 192), float("nan"), device=DEVICE)  # wider than the pages: the rest stays NaN
+    lengths = torch.full((2,), INT_POISON, dtype=torch.int32, device=DEVICE)
+    reset_bad_index_count(DEVICE)
+    score(inputs["q_index_fp8"], inputs["k_index_cache_fp8"], inputs["weights"], inputs["seq_lens"], table,
+          scores, lengths)
+    assert lengths.tolist() == seq_lens and bad_index_count(DEVICE) == 0
+    assert torch.isfinite(scores[0, :128]).all() and torch.isfinite(scores[1, :120]).all()
+    assert scores[0, 128:].isnan().all() and scores[1, 120:].isnan().all()
+
+
 def test_passthrough_translates_pages_outside_the_cache_to_minus_one():
     seq_lens, next_n, max_pages, num_pages = [130, 200], 2, 8, 16
     table = torch.randperm(num_pages, device=DEVICE)[: 2 * max_pages].to(torch.int32).view(2, max_pages)

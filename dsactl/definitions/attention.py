@@ -32,7 +32,9 @@ def reference(q_nope, q_pe, sparse_indices, sm_scale, ckv_cache=None, kpe_cache=
               topk_length=None, attn_sink=None, lse_base=2.0):
     """Per query token: gather the selected tokens (index -1 is padding), logits =
     (q_nope . ckv + q_pe . kpe) * sm_scale, softmax, out = P . ckv; lse in base
-    `lse_base`. A token with no valid index gives out 0 and lse -inf."""
+    `lse_base`. A token with no valid index gives out 0 and lse -inf. Bad values are
+    masked, as the kernels mask them: an index outside [0, cache tokens) counts as -1,
+    and topk_length is clamped to [0, topk]."""
     num_tokens, num_heads, _ = q_nope.shape
     if kv_cache is not None:
         ckv_flat, kpe_flat = dequantize_mla_kv(kv_cache.reshape(-1, MLA_TOKEN_BYTES))
@@ -41,11 +43,12 @@ def reference(q_nope, q_pe, sparse_indices, sm_scale, ckv_cache=None, kpe_cache=
         kpe_flat = kpe_cache.reshape(-1, MLA_KPE_DIM).float()
     output = torch.zeros(num_tokens, num_heads, MLA_CKV_DIM, dtype=torch.float32, device=q_nope.device)
     lse = torch.full((num_tokens, num_heads), -math.inf, dtype=torch.float32, device=q_nope.device)
+    cache_tokens = ckv_flat.shape[0]
     for t in range(num_tokens):
         idx = sparse_indices[t]
         if topk_length is not None:
-            idx = idx[: int(topk_length[t])]
-        idx = idx[idx != -1].long()
+            idx = idx[: min(max(int(topk_length[t]), 0), idx.numel())]
+        idx = idx[(idx >= 0) & (idx < cache_tokens)].long()
         if idx.numel() == 0:
             continue
         ckv, kpe = ckv_flat[idx], kpe_flat[idx]  # [n, 512], [n, 64]

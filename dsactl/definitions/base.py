@@ -75,6 +75,7 @@ class Definition:
     def axis_values(self, tensors: Mapping[str, Any]) -> dict[str, int]:
         """Resolve every axis from the given tensors; inconsistent sizes raise."""
         values = dict(self.const_axes)
+        source = {axis: "the definition" for axis in values}  # where each axis's size was read
         for spec in self.inputs + self.outputs:
             t = tensors.get(spec.name)
             if t is None or spec.is_scalar or not isinstance(t, torch.Tensor):
@@ -94,10 +95,11 @@ class Definition:
                     continue
                 if axis in values and values[axis] != size:
                     raise DsactlError(
-                        f"{self.name}: axis {axis} of {spec.name} is {size}, "
-                        f"but {values[axis]} elsewhere (shape {list(t.shape)})"
+                        f"{self.name}: axis {axis} is {size} in {spec.name} (shape {list(t.shape)}) "
+                        f"but {values[axis]} in {source[axis]}"
                     )
                 values[axis] = int(size)
+                source.setdefault(axis, spec.name)
         return values
 
     def check_inputs(self, tensors: Mapping[str, Any], with_outputs: bool = False) -> dict[str, int]:

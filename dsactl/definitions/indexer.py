@@ -8,11 +8,13 @@ token j of n sees seq_len - n + j + 1 tokens).
 
 from __future__ import annotations
 
+import math
 import re
 
 import torch
 
 from dsactl.definitions.base import Definition, TensorSpec
+from dsactl.definitions.topk import rank_key
 from dsactl.fp8 import INDEX_HEAD_DIM, PAGE_SIZE, dequantize_index_k
 from dsactl.kernels.indexer.shapes import HEADS, NEXT_NS, TOPKS
 
@@ -22,24 +24,31 @@ NAME_RE = re.compile(r"^dsa_topk_indexer_fp8_h(\d+)_d128_topk(\d+)_ps64(?:_nextn
 def reference(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk=2048, next_n=1):
     """Per request, per query token: dequantize the keys of its pages, score
     I[s] = sum_h w[h] * relu(q[h] . k[s]) over the tokens it may see, keep the
-    top-k, translate logical positions to physical ids, pad with -1."""
+    top-k (ranked by rank_key: NaN below -inf), translate logical positions to
+    physical ids, pad with -1. Bad values are masked, as the kernels mask them: a
+    row sees at most max_num_pages * 64 tokens; a token whose page id is outside
+    [0, num_pages) scores -inf and, if chosen, gives -1."""
     batch_size = q_index_fp8.shape[0]
     q = q_index_fp8.float().reshape(batch_size, next_n, -1, INDEX_HEAD_DIM)
     w = weights.float().reshape(batch_size, next_n, -1)
     k_all = dequantize_index_k(k_index_cache_fp8)  # [num_pages, 64, 128]
+    num_pages_in_cache, max_len = k_all.shape[0], block_table.shape[1] * PAGE_SIZE
     out = torch.full((batch_size, next_n, topk), -1, dtype=torch.int32, device=q.device)
     for b in range(batch_size):
         seq_len = int(seq_lens[b])
         for j in range(next_n):
-            visible = seq_len - next_n + j + 1
+            visible = min(seq_len - next_n + j + 1, max_len)
             if visible <= 0:
                 continue
-            num_pages = (visible + PAGE_SIZE - 1) // PAGE_SIZE
-            pages = block_table[b, :num_pages].long()
-            k = k_all[pages].reshape(-1, INDEX_HEAD_DIM)[:visible]  # [visible, 128]
-            scores = (torch.relu(q[b, j] @ k.T) * w[b, j][:, None]).sum(dim=0)  # [visible]
-            chosen = torch.topk(scores, min(topk, visible)).indices
-            physical = block_table[b, chosen // PAGE_SIZE] * PAGE_SIZE + chosen % PAGE_SIZE
+            pos = torch.arange(visible, device=q.device)
+            page = block_table[b, pos // PAGE_SIZE].long()  # [visible]
+            in_cache = (page >= 0) & (page < num_pages_in_cache)
+            scores = torch.full((visible,), -math.inf, device=q.device)
+            if bool(in_cache.any()):
+                k = k_all[page[in_cache], pos[in_cache] % PAGE_SIZE]  # [valid, 128]
+                scores[in_cache] = (torch.relu(q[b, j] @ k.T) * w[b, j][:, None]).sum(dim=0)
+            chosen = torch.topk(rank_key(scores), min(topk, visible)).indices
+            physical = torch.where(in_cache[chosen], page[chosen] * PAGE_SIZE + chosen % PAGE_SIZE, -1)
             out[b, j, : chosen.numel()] = physical.to(torch.int32)
     return out.reshape(batch_size, topk) if next_n == 1 else out
 
@@ -86,6 +95,7 @@ def make(heads: int = 64, topk: int = 2048, next_n: int = 1) -> Definition:
             "for p in range((seq_lens[b] + page_size - 1) // page_size))",
         ) + (("all(seq_lens[b] >= next_n for b in range(batch_size))",) if next_n > 1 else ()),
         reference=reference,
+        reference_helpers=(rank_key,),
         params={"heads": heads, "topk": topk, "next_n": next_n},
         tags=("stage:indexer",) + (("contest",) if (heads, topk, next_n) == (64, 2048, 1) else ()),
     )

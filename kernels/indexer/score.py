@@ -16,7 +16,8 @@ Row r = b * N + j is query token j of request b; it sees visible = seq_len - N +
   scores[r, s] = scale[s] * sum_h w[b, j, h] * relu(q[b, j, h] . k8[s])   for s < visible,
   scores[r, s] = -inf                                                   for visible <= s < seq_len,
 and lengths[r] = max(visible, 0). Positions >= seq_len are not written: the top-k reads only the
-first lengths[r] scores of a row. The per-token scale is positive, so it factors out of the ReLU
+first lengths[r] scores of a row (clamped to S). Nor are positions >= S: a seq_len past the block
+table's pages never reads an entry past them or writes a score past S. The per-token scale is positive, so it factors out of the ReLU
 and is applied once after the head sum.
 
 Requests with seq_len <= skip_len are not scored at all (lengths are still written): with
@@ -74,7 +75,7 @@ def _score_tile(k, scale, qt, w, tok, live, in_cache, visible, rows, real_j, sco
              mask=live[:, None] & real_j[None, :])
 
 
-@triton.jit(do_not_specialize=["num_pages"])
+@triton.jit(do_not_specialize=["num_pages", "max_len"])
 def indexer_score_kernel(
     q_ptr,  # *fp8e4nv [B, NEXT_N, HEADS, 128]
     k_ptr,  # *fp8e4nv: the cache's bytes
@@ -90,6 +91,7 @@ def indexer_score_kernel(
     tokens_per_program,  # a multiple of BLOCK_N
     skip_len,
     num_pages,
+    max_len,  # S: tokens the block table's pages hold
     HEADS: tl.constexpr,
     NEXT_N: tl.constexpr,
     NQ: tl.constexpr,  # NEXT_N rounded up to a power of two (tl.arange sizes)
@@ -114,8 +116,9 @@ def indexer_score_kernel(
     if split == 0:
         tl.store(lengths_ptr + rows, tl.maximum(visible, 0), mask=real_j)
 
+    stop = tl.minimum(seq_len, max_len)  # a seq_len past the pages reads no block-table entry past them
     start = split * tokens_per_program
-    end = tl.minimum(start + tokens_per_program, seq_len)
+    end = tl.minimum(start + tokens_per_program, stop)
     end = tl.where(seq_len <= skip_len, start, end)
     qt, w = _query(q_ptr, w_ptr, b, NEXT_N * HEADS, NEXT_N, NQ, HEADS, DIM)
     bad_pages = 0
@@ -126,7 +129,7 @@ def indexer_score_kernel(
     # of a step are fetched STAGES - 1 steps ahead, its keys and scales STAGES - 2 ahead.
     for tok0 in tl.range(start, end, BLOCK_N, num_stages=STAGES):
         tok = tok0 + tl.arange(0, BLOCK_N)
-        live = tok < seq_len  # block table entries past the row's pages are not page ids
+        live = tok < stop  # block table entries past the row's pages are not page ids
         page = tl.load(block_table_ptr + b * bt_stride + tok // PAGE, mask=live, other=0)
         slot = tok % PAGE
         # A page id outside the cache is never dereferenced; its entry is counted once (at its slot 0,
@@ -268,6 +271,11 @@ def query_shape(q: torch.Tensor) -> tuple[int, int, int]:
 
 
 def _check(q, cache, weights, seq_lens, block_table, scores, lengths) -> tuple[int, int, int]:
+    named = (("q", q), ("k cache", cache), ("weights", weights), ("seq_lens", seq_lens), ("block_table", block_table),
+             ("scores", scores), ("lengths", lengths))
+    for name, t in named:
+        if not isinstance(t, torch.Tensor):
+            raise KernelInputError(f"indexer {name} must be a tensor, got {type(t).__name__}")
     batch, next_n, heads = query_shape(q)
     if q.dtype != torch.float8_e4m3fn or q.shape[-1] != INDEX_HEAD_DIM or not q.is_contiguous():
         raise KernelInputError(f"indexer q must be contiguous float8_e4m3fn [..., {INDEX_HEAD_DIM}], "
@@ -318,18 +326,19 @@ def score(q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, seq_lens:
     indexer_score_kernel[(batch, cfg.splits)](
         q, cache.view(torch.float8_e4m3fn), cache.view(torch.float32), weights, seq_lens, block_table, scores, lengths,
         BAD_PAGES.tensor(q.device), block_table.stride(0), scores.stride(0), cfg.tokens_per_program, skip_len,
-        cache.shape[0],
+        cache.shape[0], max_len,
         HEADS=heads, NEXT_N=next_n, NQ=_nq(next_n), BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, PAGE=PAGE_SIZE,
         DIM=INDEX_HEAD_DIM, PAGE_BYTES=INDEX_PAGE_BYTES, SCALE_OFFSET=INDEX_SCALE_OFFSET,
         num_warps=cfg.num_warps, num_stages=cfg.num_stages)
 
 
 # tokens_per_program is a multiple of BLOCK_N (whole 64-token pages), so the JIT always specializes it as
-# a multiple of 16 (":16"); the strides, skip_len and num_pages follow the workload.
+# a multiple of 16 (":16"); the strides, skip_len, num_pages and max_len follow the workload.
 _SIGNATURE = {
     "q_ptr": "*fp8e4nv", "k_ptr": "*fp8e4nv", "scale_ptr": "*fp32", "w_ptr": "*fp32", "seq_lens_ptr": "*i32",
     "block_table_ptr": "*i32", "scores_ptr": "*fp32", "lengths_ptr": "*i32", "bad_count_ptr": "*i32",
     "bt_stride": "i32", "scores_stride": "i32", "tokens_per_program": "i32:16", "skip_len": "i32", "num_pages": "i32",
+    "max_len": "i32",
 }
 
 

@@ -35,21 +35,19 @@ def topk_page_transform(scores: torch.Tensor, lengths: torch.Tensor, block_table
     if block_table.numel() == 0:  # no row has a page to translate through
         topk_indices.fill_(-1)
         return
+    # Lengths clamp to the block table's pages, and a row whose batch is not a block-table row has none.
+    batch, max_pages = block_table.shape
+    b = row_to_batch.long()
+    lengths = torch.where((b >= 0) & (b < batch), lengths.long().clamp(max=max_pages * PAGE_SIZE), 0)
     key = scores.double()
     key = torch.where(key == float("-inf"), NEG_INF_KEY, key)
     key = torch.where(torch.isnan(key), NAN_KEY, key)
-    lengths = lengths.long()
     pos = torch.arange(max_len, device=scores.device)
     key.masked_fill_(pos[None, :] >= lengths[:, None], float("-inf"))
     k = min(topk, max_len)
     chosen = torch.topk(key, k, dim=1).indices  # [num_rows, k], best first
-    # Positions past the block table are never kept (rank >= length), nor are rows whose batch is
-    # not a block-table row; clamp both so the gather stays in bounds, then mask them.
-    batch, max_pages = block_table.shape
-    lengths = lengths.clamp(max=max_pages * PAGE_SIZE)
-    b = row_to_batch.long()
-    lengths = torch.where((b >= 0) & (b < batch), lengths, 0)
-    page = block_table.long()[b.clamp(0, max(batch - 1, 0))[:, None], (chosen // PAGE_SIZE).clamp_(max=max_pages - 1)]
+    # Positions at or past the length are never kept (rank >= length); clamp so the gather stays in bounds.
+    page = block_table.long()[b.clamp(0, batch - 1)[:, None], (chosen // PAGE_SIZE).clamp_(max=max_pages - 1)]
     physical = torch.where((page >= 0) & (page < min(num_pages, MAX_PAGES)), page * PAGE_SIZE + chosen % PAGE_SIZE, -1)
     rank = torch.arange(k, device=scores.device)
     physical = torch.where(rank[None, :] < lengths[:, None], physical, -1)
