@@ -450,3 +450,116 @@ def test_the_headline_accounts_for_every_selected_workload():
     alone = runner.verify([gpu_only], chosen, trials=1)
     if not torch.cuda.is_available():
         assert alone.not_run() == {"every solution serving it was skipped": 2}
+
+
+# ---------------------------------------------------------------- the hostile suite
+
+HOSTILE = suite("hostile")
+
+
+def _hostile(label: str | None = None, stage: str | None = None) -> list[Workload]:
+    return [w for w in HOSTILE if (label is None or w.label == label) and (stage is None or stage in w.definition)]
+
+
+@pytest.mark.parametrize("w", [w for w in HOSTILE if "attention" not in w.definition or w.label in ("bad_ids", "empty")],
+                         ids=lambda w: w.uuid)
+def test_hostile_references_pass_the_rules(w):
+    # The rules and the references agree on what masked values give (the same as -1).
+    call = prepare(w, "cpu", 0)
+    verdict = rules.check(call.definition, call.inputs, call.definition.run_reference(call.inputs))
+    assert verdict.passed, verdict.problems
+
+
+def test_hostile_suite_covers_every_corruption_and_ends_clean():
+    from dsactl.workloads.hostile import KINDS
+
+    kinds = {w.params.get("hostile") for w in HOSTILE}
+    assert kinds - {None} == set(KINDS)
+    stages = ("indexer", "attention", "topk")
+    assert all(any(s in w.definition for w in _hostile("empty")) for s in stages)
+    tail = HOSTILE[-len(_hostile("clean")):]
+    assert {w.label for w in tail} == {"clean"} and all(any(s in w.definition for w in tail) for s in stages)
+
+
+@pytest.mark.parametrize("w", _hostile(stage="topk_page"), ids=lambda w: w.uuid)
+def test_hostile_topk_model_of_the_kernel_passes(w):
+    from dsactl.kernels.topk.model import topk_page_transform_model
+
+    call = prepare(w, "cpu", 0)
+    i = call.inputs
+    out, _ = topk_page_transform_model(i["scores"], i["lengths"], i["block_table"], i["row_to_batch"], 2048, 2,
+                                       8192)
+    verdict = rules.check(call.definition, i, {"topk_indices": out})
+    assert verdict.passed, verdict.problems
+
+
+def test_hostile_rules_refuse_unmasked_and_missing_ids():
+    w = next(w for w in HOSTILE if w.uuid == "hostile-topk-bad-pages-fp32")
+    call = prepare(w, "cpu", 0)
+    i = call.inputs
+    ref = call.definition.run_reference(i)["topk_indices"]
+    assert (ref == -1).any()
+    raw = ref.clone()  # an id of no page of the row where a masked one is due
+    row, slot = (int(x) for x in (ref[:, :100] == -1).nonzero()[0])
+    raw[row, slot] = 2**31 - 1
+    assert any("not one of the row's" in p for p in rules.check(call.definition, i, {"topk_indices": raw}).problems)
+    short = ref.clone()  # a due valid id dropped: its -1 cannot stand for a masked position as good
+    short[0, (short[0] != -1).nonzero()[0]] = -1
+    assert any("not a top-2048 set" in p for p in rules.check(call.definition, i, {"topk_indices": short}).problems)
+    clean = prepare(HOSTILE[-1], "cpu", 0)  # no masked position: a -1 for a due id is named as such
+    out = clean.definition.run_reference(clean.inputs)["topk_indices"]
+    out[2, (out[2] != -1).nonzero()[0]] = -1
+    assert any("row 2: 100 valid ids are due" in p
+               for p in rules.check(clean.definition, clean.inputs, {"topk_indices": out}).problems)
+
+
+def test_hostile_nan_elements_without_an_answer_are_not_judged():
+    w = next(w for w in HOSTILE if w.uuid == "hostile-attention-nan-h16-bf16")
+    call = prepare(w, "cpu", 0)
+    expected = call.definition.run_reference(call.inputs)
+    assert not torch.isfinite(expected["output"].float()).all()
+    garbage = {"output": torch.where(torch.isfinite(expected["output"]), expected["output"], 7.0).bfloat16(),
+               "lse": expected["lse"]}
+    assert rules.check(call.definition, call.inputs, garbage).passed
+    wrong = {"output": expected["output"].clone(), "lse": expected["lse"]}
+    wrong["output"][2, 0, 0] += 1.0  # a row without NaN
+    assert not rules.check(call.definition, call.inputs, wrong).passed
+
+
+def test_hostile_skips_baselines_with_the_reason():
+    torch_topk = runner.candidate(solutions.get("torch-topk"))
+    pairs, skipped = runner.plan([torch_topk], _hostile(stage="topk_page"))
+    assert [w.label for _, w in pairs] == ["clean"]
+    assert {s.reason for s in skipped} == {runner.HOSTILE_BASELINE}
+
+
+@pytest.mark.gpu
+def test_hostile_suite_passes_on_the_gpu_and_a_clean_workload_after_it():
+    report = runner.verify([runner.candidate(s) for s in solutions.SOLUTIONS if not s.baseline], HOSTILE, trials=2)
+    assert report.ok and report.count("passed") >= len(HOSTILE), [r.problems for r in report.results
+                                                                  if r.status != "passed"]
+    torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("w", _hostile(stage="indexer"), ids=lambda w: w.uuid)
+def test_hostile_indexer_solution_passes(w, monkeypatch):
+    from dsactl.kernels.indexer import solution
+    from dsactl.kernels.topk import torch_baseline
+
+    if DEVICE == "cpu":  # the CUDA top-k cannot run here: its torch baseline masks the same way
+        monkeypatch.setattr(solution, "topk_page_transform",
+                            lambda scores, lengths, table, r2b, out, k, num_pages: torch_baseline.topk_page_transform(
+                                scores, lengths, table, r2b, out, num_pages=num_pages))
+    call = prepare(w, DEVICE, 0)
+    solution.dsa_topk_indexer(*call.args())
+    verdict = rules.check(call.definition, call.inputs, call.outputs)
+    assert verdict.passed, verdict.problems
+
+
+def test_cli_hostile_suite_runs_whole_and_lists_each_skip():
+    result = CliRunner().invoke(app, ["verify", "--suite", "hostile", "--definition", "dsa_topk_page_transform*",
+                                      "--trials", "1"])
+    assert result.exit_code == 0, result.output
+    assert "--quick" not in result.output.split("verify:")[-1]  # no subset: every workload accounted for
+    if DEVICE == "cpu":
+        assert runner.HOSTILE_BASELINE in " ".join(result.output.split()) and "needs a CUDA GPU" in result.output

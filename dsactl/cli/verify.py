@@ -144,14 +144,16 @@ def register(app: typer.Typer) -> None:
                                                      help="Registered solution to verify (repeatable); default: "
                                                           "every solution serving the chosen definitions."),
         suite: Optional[str] = typer.Option(None, "--suite",
-                                            help="Workload suite: contest (default) | scale | edge | all; "
+                                            help="Workload suite: contest (default) | scale | edge | all "
+                                                 "(those three) | hostile (values outside the contracts); "
                                                  "--workload ids are looked up in every suite unless given."),
         dataset: Optional[Path] = typer.Option(None, "--dataset", help="flashinfer-bench dataset folder "
                                                                        "(replaces --suite)."),
         bundle: Optional[Path] = typer.Option(None, "--bundle", help="Solution JSON bundle (dsactl pack) to verify."),
         workload: list[str] = typer.Option(None, "--workload", "-w", help="Only this workload (uuid); repeatable."),
         quick: bool = typer.Option(False, "--quick", help="A few small workloads per definition "
-                                                          "(always on without a GPU, unless --workload)."),
+                                                          "(always on without a GPU, unless --workload or "
+                                                          "--suite hostile)."),
         trials: int = typer.Option(3, "--trials", min=1,
                                    help="Calls per workload, each on fresh inputs (seed = trial)."),
         atol: float = typer.Option(1e-2, "--atol", help="Absolute tolerance."),
@@ -190,6 +192,7 @@ def register(app: typer.Typer) -> None:
 
         from dsactl import workloads as wl
         from dsactl.verify import runner
+        from dsactl.workloads.suites import INTERPRETER_SIZED
 
         names = list(solution or [])
         workload = list(workload or ())
@@ -197,7 +200,7 @@ def register(app: typer.Typer) -> None:
         cands, explicit = _candidates(names, bundle, {w.definition for w in chosen})
         if explicit:
             chosen = [w for w in chosen if any(c.serves(w.definition) for c in cands)]
-        use_quick = quick or (not gpu and not workload)
+        use_quick = quick or (not gpu and not workload and suite not in INTERPRETER_SIZED)
         left_out = []
         if use_quick:
             chosen, left_out = runner.quick_subset(

@@ -28,9 +28,9 @@ def reference(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, to
     physical ids, pad with -1. Bad values are masked, as the kernels mask them: a
     row sees at most max_num_pages * 64 tokens; a token whose page id is outside
     [0, num_pages) scores -inf and, if chosen, gives -1."""
-    batch_size = q_index_fp8.shape[0]
-    q = q_index_fp8.float().reshape(batch_size, next_n, -1, INDEX_HEAD_DIM)
-    w = weights.float().reshape(batch_size, next_n, -1)
+    batch_size, heads = q_index_fp8.shape[0], q_index_fp8.shape[-2]
+    q = q_index_fp8.float().reshape(batch_size, next_n, heads, INDEX_HEAD_DIM)
+    w = weights.float().reshape(batch_size, next_n, heads)
     k_all = dequantize_index_k(k_index_cache_fp8)  # [num_pages, 64, 128]
     num_pages_in_cache, max_len = k_all.shape[0], block_table.shape[1] * PAGE_SIZE
     out = torch.full((batch_size, next_n, topk), -1, dtype=torch.int32, device=q.device)

@@ -3,7 +3,8 @@
 Dense outputs (attention): an element fails only if |a - r| > atol AND
 |a - r| / (|r| + 1e-8) > rtol; every element must match unless the tolerance's
 matched_ratio allows otherwise. Any NaN or inf fails, except -inf in the lse of
-an empty row (one whose reference lse is -inf).
+an empty row (one whose reference lse is -inf). An element whose reference is
+NaN or inf otherwise (NaN or inf in the inputs) has no answer and is not judged.
 
 Top-k id outputs (indexer, top-k): set semantics. A row is the ids its query
 may choose from: the physical ids of its first `visible` logical positions,
@@ -14,6 +15,13 @@ indexer within tolerance (scores are recomputed here in float32, as the
 reference does, and a kernel's own float arithmetic may swap near-equal
 tokens); for the top-k stage exactly, since the scores are its input and
 the contract is an exact top-k. Any legal tie order passes.
+
+Bad values are masked as the definitions say: a position whose page is outside
+the cache (or whose row's batch is outside the block table) is a masked
+position; it ranks by its score (-inf for the indexer, whose kernel never reads
+its key) and, when chosen, is written as -1. So a row may hold -1 in place of
+up to that many due ids, provided the ids it holds plus the best masked
+positions are a top set. Lengths are clamped to the block table's pages.
 
 Every problem is a sentence that says what is wrong and where.
 """
@@ -31,6 +39,7 @@ from dsactl.definitions.topk import rank_key
 from dsactl.errors import DsactlError
 from dsactl.fp8 import INDEX_HEAD_DIM, PAGE_SIZE, dequantize_index_k
 from dsactl.harness import INT_POISON
+from dsactl.kernels.bad_index import MAX_PAGES
 
 # Denominator floor of the relative error, as flashinfer-bench computes it.
 REL_EPS = 1e-8
@@ -124,8 +133,9 @@ def compare_close(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: 
     empty = torch.zeros_like(a, dtype=torch.bool) if empty is None else empty.detach().cpu().reshape(-1)
     total = a.numel()
 
-    nan = torch.isnan(a)
-    inf = torch.isinf(a) & ~(empty & (a == float("-inf")))
+    undefined = ~torch.isfinite(r) & ~empty  # no answer: NaN or inf reached the reference
+    nan = torch.isnan(a) & ~undefined
+    inf = torch.isinf(a) & ~(empty & (a == float("-inf"))) & ~undefined
     for mask, what in ((nan, "NaN"), (inf, "inf")):
         count = int(mask.sum())
         if count:
@@ -137,7 +147,7 @@ def compare_close(name: str, actual: torch.Tensor, expected: torch.Tensor, tol: 
         v.fail(f"{name}: {int(owed.sum())} elements of rows with no valid index are not -inf, first at "
                f"{_where(i, shape)} ({_fmt(float(a[i]))}); an empty row's lse must be -inf")
 
-    compared = ~empty & torch.isfinite(a) & torch.isfinite(r)
+    compared = ~empty & ~undefined & torch.isfinite(a) & torch.isfinite(r)
     err = (a - r).abs()
     rel = err / (r.abs() + REL_EPS)
     bad = compared & (err > tol.atol) & (rel > tol.rtol)
@@ -198,14 +208,20 @@ class Row:
     scores by logical position (visible = len(scores)), `describe` how its length was derived."""
 
     where: list[int]
-    pages: torch.Tensor  # int64 [ceil(visible / 64)] physical page ids
+    pages: torch.Tensor  # int64 [ceil(visible / 64)] physical page ids, MASKED_PAGE where masked
     scores: torch.Tensor  # [visible] float32 scores (indexer) or float64 rank keys (top-k)
     describe: str
+    masked: torch.Tensor | None = None  # bool [visible]: positions whose id is due as -1 (None: none)
+
+
+# A page id no physical id maps to (ids are >= 0), standing for a masked page.
+MASKED_PAGE = -2
 
 
 def _indexer_rows(d: Definition, inputs: Mapping[str, Any]) -> list[Row]:
     """Recompute the reference's float32 scores per (request, query token), over the
-    tokens each may see: token j of next_n sees seq_len - next_n + j + 1 tokens."""
+    tokens each may see: token j of next_n sees seq_len - next_n + j + 1 tokens, at most
+    the block table's pages; tokens on pages outside the cache are masked and score -inf."""
     next_n = d.params["next_n"]
     q, cache, w = inputs["q_index_fp8"], inputs["k_index_cache_fp8"], inputs["weights"]
     batch, heads = q.shape[0], q.shape[-2]
@@ -213,38 +229,56 @@ def _indexer_rows(d: Definition, inputs: Mapping[str, Any]) -> list[Row]:
     w = w.float().reshape(batch, next_n, heads)
     seq_lens = inputs["seq_lens"].cpu()
     table = inputs["block_table"]
+    max_len, num_pages_in_cache = table.shape[1] * PAGE_SIZE, cache.shape[0]
     rows = []
     for b in range(batch):
         seq_len = int(seq_lens[b])
-        num_pages = max(0, (seq_len + PAGE_SIZE - 1) // PAGE_SIZE)
-        pages = table[b, :num_pages].long()
-        k = dequantize_index_k(cache[pages]).reshape(-1, INDEX_HEAD_DIM)[:seq_len] if num_pages else None
+        tokens = min(max(seq_len, 0), max_len)
+        pages = table[b, : (tokens + PAGE_SIZE - 1) // PAGE_SIZE].long()
+        in_cache = (pages >= 0) & (pages < num_pages_in_cache)
+        masked = ~in_cache.repeat_interleave(PAGE_SIZE)[:tokens]
+        k = None
+        if bool(in_cache.any()):
+            k = dequantize_index_k(cache[pages.clamp(0, num_pages_in_cache - 1)]).reshape(-1, INDEX_HEAD_DIM)[:tokens]
         for j in range(next_n):
-            visible = max(0, seq_len - next_n + j + 1)
-            if visible:
+            visible = max(0, min(seq_len - next_n + j + 1, max_len))
+            scores = torch.full((visible,), float("-inf"), device=q.device)
+            if visible and k is not None:
                 scores = (torch.relu(q[b, j] @ k[:visible].T) * w[b, j][:, None]).sum(dim=0)
-            else:
-                scores = torch.empty(0)
+                scores = scores.masked_fill(masked[:visible], float("-inf"))
             where = [b, j] if next_n > 1 else [b]
             describe = (f"token {j} of {next_n} sees seq_len {seq_len} - {next_n} + {j} + 1 = {visible} tokens"
                         if next_n > 1 else f"seq_len {seq_len}")
+            if seq_len > max_len:
+                describe += f", clamped to the block table's {max_len}"
             # The request's pages: an id past a causal row's visible tokens but on one of
             # them is reported as a position past the row, which names the bug.
-            rows.append(Row(where, pages.cpu(), scores.cpu(), describe))
+            rows.append(Row(where, torch.where(in_cache, pages, MASKED_PAGE).cpu(), scores.cpu(), describe,
+                            masked[:visible].cpu()))
     return rows
 
 
 def _topk_rows(inputs: Mapping[str, Any]) -> list[Row]:
-    """Row r ranks its first lengths[r] scores and translates through the block table
-    of request row_to_batch[r]; its order is rank_key's (NaN below -inf)."""
+    """Row r ranks its first lengths[r] scores (clamped to the block table's pages) and translates
+    through the block table of request row_to_batch[r]; its order is rank_key's (NaN below -inf).
+    Page ids outside [0, MAX_PAGES) and rows whose request is not a block-table row are masked."""
     scores, table = inputs["scores"], inputs["block_table"].cpu()
     lengths, row_to_batch = inputs["lengths"].cpu(), inputs["row_to_batch"].cpu()
+    batch, max_pages = table.shape
+    limit = min(scores.shape[1], max_pages * PAGE_SIZE)
     rows = []
     for r in range(scores.shape[0]):
-        length, b = max(0, int(lengths[r])), int(row_to_batch[r])
-        pages = table[b, : (length + PAGE_SIZE - 1) // PAGE_SIZE].long()
-        rows.append(Row([r], pages, rank_key(scores[r, :length]).cpu(),
-                        f"length {length}, request {b}"))
+        length, b = min(max(0, int(lengths[r])), limit), int(row_to_batch[r])
+        num_pages = (length + PAGE_SIZE - 1) // PAGE_SIZE
+        if 0 <= b < batch:
+            pages = table[b, :num_pages].long()
+            in_table = (pages >= 0) & (pages < MAX_PAGES)
+        else:
+            pages = torch.full((num_pages,), MASKED_PAGE, dtype=torch.long)
+            in_table = torch.zeros(num_pages, dtype=torch.bool)
+        masked = ~in_table.repeat_interleave(PAGE_SIZE)[:length]
+        rows.append(Row([r], torch.where(in_table, pages, MASKED_PAGE), rank_key(scores[r, :length]).cpu(),
+                        f"length {length}, request {b}", masked))
     return rows
 
 
@@ -317,10 +351,14 @@ def check_row(ids: torch.Tensor, row: Row, topk: int, tol: Tolerance,
     wrong_slots += len(off_page) + len(beyond)
 
     legal = pos[(pos >= 0) & (pos < visible)]
-    if legal.numel() < due:
-        missing = due - legal.numel()
+    masked = row.masked if row.masked is not None else torch.zeros(visible, dtype=torch.bool)
+    short = due - legal.numel()  # -1 slots that may stand for chosen masked positions
+    if short > int(masked.sum()):
+        missing = short - int(masked.sum())
         message = (f"{name}: {_count(due, 'valid id')} {'is' if due == 1 else 'are'} due ({row.describe}) "
                    f"but only {legal.numel()} given")
+        if bool(masked.any()):
+            message += f" and {int(masked.sum())} masked"
         padding = int((ids == -1).sum())
         if padding:
             held = min(missing, padding)
@@ -328,8 +366,10 @@ def check_row(ids: torch.Tensor, row: Row, topk: int, tol: Tolerance,
         problems.append(message)
         wrong_slots += missing
     max_abs = max_rel = 0.0
-    if legal.numel() == due and due:
-        got = torch.sort(row.scores[legal], descending=True).values
+    if 0 <= short <= int(masked.sum()) and due:
+        # The masked positions the -1 slots stand for: the best ones make the best set.
+        chosen = torch.cat([row.scores[legal], torch.topk(row.scores[masked], short).values])
+        got = torch.sort(chosen, descending=True).values
         best = torch.topk(row.scores, due).values
         if exact:
             bad = got != best

@@ -42,6 +42,8 @@ INTERPRETED = "runs under the Triton interpreter"
 # Skipped.solution of a workload that ran for no solution: none serves it, or --quick left it out.
 EVERY_SOLUTION = "-"
 NO_SERVER = "no solution serves this definition"
+# The PyTorch baselines time the contract's calls; values outside it (the hostile suite) are for our kernels.
+HOSTILE_BASELINE = "a baseline: not built for inputs outside the contract"
 
 
 @dataclass(frozen=True)
@@ -267,6 +269,8 @@ def plan(candidates: Sequence[Candidate], workloads: Sequence[Workload]
         if not serving:
             skipped[EVERY_SOLUTION, w.definition, NO_SERVER] += 1
         for c, (ok, reason) in serving:
+            if ok and c.baseline and "hostile" in w.params:
+                ok, reason = False, HOSTILE_BASELINE
             if ok:
                 pairs.append((c, w))
             else:

@@ -31,8 +31,10 @@ def select(suite_name: str | None = None, dataset: str | None = None, definition
 
     if dataset:
         workloads = load_dataset(dataset)
+    elif suite_name or not workload_ids:
+        workloads = suite(suite_name or "contest")
     else:
-        workloads = suite(suite_name or ("all" if workload_ids else "contest"))
+        workloads = [w for name in SUITES for w in suite(name)]
     if definition:
         workloads = [w for w in workloads if fnmatch(w.definition, definition)]
     if workload_ids:

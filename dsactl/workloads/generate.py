@@ -15,6 +15,7 @@ import torch
 from dsactl.definitions import Definition, get
 from dsactl.definitions.attention import CONTEST_SM_SCALE
 from dsactl.fp8 import MLA_TOKEN_BYTES, PAGE_SIZE, quantize_index_k, quantize_mla_kv
+from dsactl.workloads import hostile
 from dsactl.workloads.workload import Workload
 
 # Scale of random q/k so that fp8 values spread over the e4m3 range and
@@ -177,5 +178,9 @@ GENERATORS = {"stage:indexer": indexer_inputs, "stage:topk": topk_inputs, "stage
 
 def make_generated_inputs(w: Workload, device, seed: int) -> dict[str, Any]:
     d = get(w.definition)
+    kind = w.params.get("hostile")
+    if kind == "empty":
+        return hostile.empty_inputs(d, w, device, seed)
     stage = next(t for t in d.tags if t.startswith("stage:"))
-    return GENERATORS[stage](d, w, device, seed)
+    inputs = GENERATORS[stage](d, w, device, seed)
+    return hostile.corrupt(d, w, inputs) if kind else inputs

@@ -1,4 +1,4 @@
-"""The embedded workload suites: contest (the default), scale, edge.
+"""The embedded workload suites: contest (the default), scale, edge, hostile.
 
 All are deterministic: the same suite always lists the same workloads (seeded
 by SUITE_SEED); inputs are drawn per call from make_inputs' seed.
@@ -15,7 +15,10 @@ from dsactl.fp8 import PAGE_SIZE
 from dsactl.workloads.workload import Workload
 
 SUITE_SEED = 2026
-SUITES = ("contest", "scale", "edge")
+SUITES = ("contest", "scale", "edge", "hostile")
+ALL = ("contest", "scale", "edge")  # `all`: hostile inputs are for verify, not for timing
+# Suites small enough that verify runs them whole under the Triton interpreter (no --quick subset on CPU).
+INTERPRETER_SIZED = ("hostile",)
 
 # Contest distributions (docs/design.md, Contracts).
 CONTEST_INDEXER_WORKLOADS = 128
@@ -148,10 +151,65 @@ def edge() -> list[Workload]:
     return out
 
 
+HOSTILE_ATTENTION = (("h16-bf16", CONTEST_ATTENTION), ("h16-fp8", CONTEST_ATTENTION + "_fp8kv"),
+                     ("h64-fp8", "dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64_fp8kv"),
+                     ("h128-bf16", "dsa_sparse_attention_h128_ckv512_kpe64_topk2048_ps64"))
+HOSTILE_NUM_PAGES = 40  # 2560 tokens: room for a row of 2048 distinct ids, small enough to interpret
+
+
+def hostile() -> list[Workload]:
+    """Values outside the contracts (dsactl/workloads/hostile.py says which and what is due), then one
+    clean workload per stage, which must pass in the same process after them."""
+    out = []
+    for label, table in (("scored", 80), ("passthrough", 32)):
+        out.append(_indexer(f"hostile-indexer-bad-pages-{label}", "hostile", "bad_pages", CONTEST_INDEXER,
+                            [min(5000, table * PAGE_SIZE), 700, 1], table, 2 * table + 8, table_pad=-1,
+                            hostile="bad_pages"))
+    out.append(_indexer("hostile-indexer-bad-pages-nextn2", "hostile", "bad_pages",
+                        "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64_nextn2", [3000, 2], 47, 100, hostile="bad_pages"))
+    # Generated with full tables of distinct pages, then seq_lens past them, negative or zero.
+    out.append(_indexer("hostile-indexer-seq-lens-scored", "hostile", "seq_lens", CONTEST_INDEXER, [2560] * 4, 40, 200,
+                        hostile="seq_lens", values=(5000, -5, 0, 2600)))
+    out.append(_indexer("hostile-indexer-seq-lens-passthrough", "hostile", "seq_lens", CONTEST_INDEXER, [1280, 1280],
+                        20, 48, hostile="seq_lens", values=(3000, -1)))
+    out.append(_indexer("hostile-indexer-nan", "hostile", "nan", CONTEST_INDEXER, [3000, 100], 47, 100, hostile="nan"))
+    out.append(Workload("hostile-indexer-empty", CONTEST_INDEXER, "hostile", "empty",
+                        {"batch_size": 0, "num_pages": 4, "max_num_pages": 3}, {"seq_lens": (), "hostile": "empty"}))
+    for tag, name in HOSTILE_ATTENTION:
+        for kind in ("bad_ids", "nan"):
+            out.append(_attention(f"hostile-attention-{kind.replace('_', '-')}-{tag}", "hostile", kind, name, 3,
+                                  HOSTILE_NUM_PAGES, pattern="scattered", valid=(2048, 1000, 7), hostile=kind))
+        out.append(Workload(f"hostile-attention-empty-{tag}", name, "hostile", "empty",
+                            {"num_tokens": 0, "num_pages": 2}, {"hostile": "empty"}))
+    out.append(_attention("hostile-attention-topk-length", "hostile", "topk_length",
+                          "dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64_topklen", 3, HOSTILE_NUM_PAGES,
+                          hostile="topk_length", values=(-5, 5000, 100)))
+    for bf16 in (False, True):
+        name = "dsa_topk_page_transform_topk2048_ps64" + ("_bf16" if bf16 else "")
+        tag = "bf16" if bf16 else "fp32"
+        out.append(_topk(f"hostile-topk-bad-pages-{tag}", "hostile", "bad_pages", name, [20000, 3000, 100],
+                         hostile="bad_pages"))
+        out.append(_topk(f"hostile-topk-bad-batch-{tag}", "hostile", "bad_batch", name, [5000, 5000, 3000, 100],
+                         hostile="bad_batch"))
+        out.append(_topk(f"hostile-topk-lengths-{tag}", "hostile", "lengths", name, [3000] * 4,
+                         hostile="lengths", values=(-5, 5000, 0, 2999)))
+        out.append(_topk(f"hostile-topk-nan-{tag}", "hostile", "nan", name, [20000, 3000], hostile="nan"))
+        out.append(Workload(f"hostile-topk-empty-{tag}", name, "hostile", "empty",
+                            {"num_rows": 0, "max_len": 64, "batch_size": 0, "max_num_pages": 1},
+                            {"lengths": (), "hostile": "empty"}))
+    out.append(_indexer("hostile-after-indexer", "hostile", "clean", CONTEST_INDEXER, [3000, 100], 47, 100))
+    for tag, name in HOSTILE_ATTENTION:
+        out.append(_attention(f"hostile-after-attention-{tag}", "hostile", "clean", name, 3, HOSTILE_NUM_PAGES,
+                              pattern="scattered", valid=(2048, 1000, 7)))
+    out.append(_topk("hostile-after-topk", "hostile", "clean", "dsa_topk_page_transform_topk2048_ps64",
+                     [20000, 3000, 100]))
+    return out
+
+
 def suite(name: str) -> list[Workload]:
-    makers = {"contest": contest, "scale": scale, "edge": edge}
+    makers = {"contest": contest, "scale": scale, "edge": edge, "hostile": hostile}
     if name == "all":
-        return [w for make in makers.values() for w in make()]
+        return [w for suite_name in ALL for w in makers[suite_name]()]
     if name not in makers:
-        raise DsactlError(f"unknown suite {name!r}; choose one of {', '.join(SUITES)} or all")
+        raise DsactlError(f"unknown suite {name!r}; choose one of {', '.join(SUITES)} or all ({', '.join(ALL)})")
     return makers[name]()
