@@ -15,7 +15,7 @@ import broken_solutions as bs
 from dsactl import solutions
 from dsactl.cli import app
 from dsactl.cli.verify import EXIT_FAILED, EXIT_NOTHING_RAN
-from dsactl.definitions import CONTEST_ATTENTION, CONTEST_INDEXER
+from dsactl.definitions import CONTEST_ATTENTION, CONTEST_INDEXER, get
 from dsactl.errors import DsactlError
 from dsactl.harness import INT_POISON, prepare
 from dsactl.solutions import Solution
@@ -563,3 +563,23 @@ def test_cli_hostile_suite_runs_whole_and_lists_each_skip():
     assert "--quick" not in result.output.split("verify:")[-1]  # no subset: every workload accounted for
     if DEVICE == "cpu":
         assert runner.HOSTILE_BASELINE in " ".join(result.output.split()) and "needs a CUDA GPU" in result.output
+
+
+@pytest.mark.parametrize("solution,workload", [("dsactl-attention", "edge-attention-scattered-h16-bf16"),
+                                               ("dsactl-topk", "edge-topk-len65")])
+def test_cli_bundle_runs_where_plain_verify_runs(tmp_path, solution, workload):
+    # A packed bundle runs exactly where its registered solution runs: interpreted on a CPU for
+    # pure Triton, skipped with the same reason for CUDA (built from the bundle's sources on a GPU).
+    definition = get(next(w.definition for w in suite("edge") if w.uuid == workload)).name
+    bundle = tmp_path / "bundle.json"
+    packed = CliRunner().invoke(app, ["pack", "-d", definition, "-s", solution, "-o", str(bundle)])
+    assert packed.exit_code == 0, packed.output
+    common = ["verify", "--workload", workload, "--trials", "1"]
+    plain = CliRunner().invoke(app, [*common, "--solution", solution])
+    packed_run = CliRunner().invoke(app, [*common, "--bundle", str(bundle)])
+    assert packed_run.exit_code == plain.exit_code, packed_run.output
+    headline = [r.output.split("verify: ")[-1].split(";")[0] for r in (plain, packed_run)]
+    assert headline[0] == headline[1], headline
+    if DEVICE == "cpu":
+        ran = solution == "dsactl-attention"
+        assert ("1 passed" in packed_run.output) == ran and ("needs a CUDA GPU" in packed_run.output) != ran
