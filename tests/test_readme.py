@@ -1,0 +1,119 @@
+"""Every `dsactl ...` command the README shows is run here: those a CPU runs in seconds on every
+test run, those that take minutes on a CPU as slow tests, and those that need a GPU are listed
+explicitly and must say so in one line on a CPU. A README example missing from these lists fails
+the first test, so a new example cannot go untested."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from dsactl.cli import app
+from dsactl.errors import DsactlError
+from dsactl.kernels.cuda_library import BUILD_DIR_ENV
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Seconds on a CPU (the files they write land in a temporary folder).
+FAST = (
+    "dsactl list",
+    "dsactl doctor",
+    "dsactl verify --suite edge --workload edge-topk-mtp --save-failures repro/",
+    "dsactl profile --import tests/fixtures/ncu/attention.ncu-rep",
+    "dsactl pack -d dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64 -o attention.json",
+    "dsactl pack --check attention.json",
+)
+# Minutes on a CPU (every kernel compiled, or Triton interpreted over whole suites).
+SLOW = (
+    "dsactl build --arch sm90a",
+    "dsactl build --arch all --jobs 2",
+    "dsactl verify --suite contest",
+    "dsactl verify --suite edge --json verify.json",
+    "dsactl verify --bundle attention.json",
+    "dsactl verify --suite all",
+)
+# Need a CUDA GPU (timing, Nsight Compute, compute-sanitizer): on a CPU, one line that says so.
+GPU_ONLY = (
+    "dsactl verify --quick --sanitize",
+    "dsactl bench --suite scale -d 'dsa_sparse_attention_h128*' --no-reference -b flashmla",
+    "dsactl bench --compare profiles/h200/contest.csv",
+    "dsactl profile --ncu roofline --solution dsactl-indexer -w contest-indexer-100",
+)
+# Commands that read a file an earlier example writes: run after it.
+NEEDS = {"dsactl pack --check attention.json": "dsactl pack -d dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64 "
+                                               "-o attention.json",
+         "dsactl verify --bundle attention.json": "dsactl pack -d dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64 "
+                                                  "-o attention.json"}
+
+
+def readme_commands() -> list[str]:
+    """The dsactl commands of the README's indented blocks (split at &&, comments dropped) and inline code."""
+    text = (REPO / "README.md").read_text()
+    found = []
+    for line in text.splitlines():
+        if line.startswith("    "):
+            for part in line.split("&&"):
+                command = re.sub(r"\s+#.*$", "", part).strip()
+                if command.startswith("dsactl "):
+                    found.append(command)
+    found += re.findall(r"`(dsactl [^`]*)`", text)
+    return list(dict.fromkeys(found))
+
+
+def test_every_readme_command_is_run_here():
+    listed = FAST + SLOW + GPU_ONLY
+    assert len(set(listed)) == len(listed)
+    assert set(readme_commands()) == set(listed)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    """A folder to run in, with the checkout's tests/ and profiles/ to read, and profile output kept in it."""
+    for name in ("tests", "profiles"):
+        (tmp_path / name).symlink_to(REPO / name)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("dsactl.device.profiles_dir", lambda gpu: tmp_path / "out" / "profiles")
+    monkeypatch.setenv(BUILD_DIR_ENV, str(tmp_path / "build"))
+    return tmp_path
+
+
+def run(command: str):
+    args = shlex.split(command)[1:]
+    if command in NEEDS:
+        done = CliRunner().invoke(app, shlex.split(NEEDS[command])[1:])
+        assert done.exit_code == 0, done.output
+    return CliRunner().invoke(app, args, env={"COLUMNS": "100"})
+
+
+@pytest.mark.parametrize("command", FAST)
+def test_fast_readme_commands_run(workdir, command):
+    result = run(command)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", SLOW)
+def test_slow_readme_commands_run(workdir, command):
+    # A child process as a user runs it: `build` refuses the interpreter the CPU tests switch on.
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    for step in filter(None, (NEEDS.get(command), command)):
+        done = subprocess.run([sys.executable, "-m", "dsactl", *shlex.split(step)[1:]], cwd=workdir, env=env,
+                              capture_output=True, text=True)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU these run (profiles/reproduce.sh times them)")
+@pytest.mark.parametrize("command", GPU_ONLY)
+def test_gpu_only_readme_commands_say_so_on_a_cpu(workdir, command):
+    result = run(command)
+    assert result.exit_code != 0
+    message = str(result.exception) if isinstance(result.exception, DsactlError) else result.output
+    assert "GPU" in message and "\n" not in message.strip(), message
