@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from dsactl.definitions import get
 from dsactl.errors import DsactlError
-from dsactl.fp8 import PAGE_SIZE, quantize_index_k, quantize_mla_kv
+from dsactl.fp8 import PAGE_SIZE, dequantize_index_k, quantize_index_k, quantize_mla_kv
 from dsactl.harness import INT_POISON
 from dsactl.kernels.attention import triton_sparse_mla as tsm
 from dsactl.kernels.errors import KernelInputError
@@ -219,10 +219,7 @@ def test_indexer_scores_pages_in_the_cache_and_masks_the_rest(seq_lens, max_page
     lengths = torch.full((rows,), INT_POISON, dtype=torch.int32)
     indexer_score.reset_bad_index_count("cpu")
     indexer_score.score(c["q"], c["cache"], c["weights"], c["seq_lens"], c["block_table"], scores, lengths)
-    keys = torch.zeros(max(num_pages, 1), PAGE_SIZE, 128)
-    if num_pages:
-        from dsactl.fp8 import dequantize_index_k
-        keys = dequantize_index_k(c["cache"])
+    keys = dequantize_index_k(c["cache"]) if num_pages else torch.zeros(1, PAGE_SIZE, 128)
     planted = 0
     for b, seq_len in enumerate(seq_lens):
         seen = min(max(seq_len, 0), width)
