@@ -69,20 +69,36 @@ class Solution:
 # Name suffixes of the sparse attention variants (dsactl/definitions/attention.py); each has its entry.
 ATTENTION_VARIANTS = tuple(kv + lse + tl + sink for kv in ("", "_fp8kv") for lse in ("", "_lsee")
                            for tl in ("", "_topklen") for sink in ("", "_sink"))
-# The variants the Hopper kernel serves (kernels/attention/dispatch.py: no topk_length, no sink).
+# The variants the Hopper kernel serves (kernels/attention/dispatch.py: no topk_length, no sink) and
+# those the small-head kernel serves (FP8 KV).
 HOPPER_ATTENTION_VARIANTS = ("", "_lsee", "_fp8kv", "_fp8kv_lsee")
+MMA_ATTENTION_VARIANTS = tuple(v for v in ATTENTION_VARIANTS if v.startswith("_fp8kv"))
 ATTENTION_HEADS = (16, 32, 64, 128)
 ATTENTION_NAME = "dsa_sparse_attention_h{heads}_ckv512_kpe64_topk*_ps64{variant}"
 
 
+def _cuda_heads(variant: str) -> tuple[int, ...]:
+    """The head counts at which the dispatch may send an attention variant to a CUDA kernel."""
+    return ((dispatch.HOPPER_HEADS if variant in HOPPER_ATTENTION_VARIANTS else ())
+            + (dispatch.MMA_HEADS if variant in MMA_ATTENTION_VARIANTS else ()))
+
+
 def _triton_only_entries(variant: str) -> tuple[tuple[str, str], ...]:
-    """The definitions of an attention variant that the dispatch never sends to the Hopper kernel,
-    each with the Triton-only entry, so that their bundles carry no CUDA."""
+    """The definitions of an attention variant that the dispatch never sends to a CUDA kernel, each with
+    the Triton-only entry, so that their bundles carry no CUDA."""
     entry = f"dsactl.kernels.attention.triton_entries:sparse_attention{variant}"
-    if variant not in HOPPER_ATTENTION_VARIANTS:
+    heads = [h for h in ATTENTION_HEADS if h not in _cuda_heads(variant)]
+    if len(heads) == len(ATTENTION_HEADS):
         return ((ATTENTION_NAME.format(heads="*", variant=variant), entry),)
-    return tuple((ATTENTION_NAME.format(heads=h, variant=variant), entry)
-                 for h in ATTENTION_HEADS if h not in dispatch.HOPPER_HEADS)
+    return tuple((ATTENTION_NAME.format(heads=h, variant=variant), entry) for h in heads)
+
+
+def _attention_description(variant: str) -> str:
+    cuda = (["the Hopper CUDA kernel at 64/128 heads"] if variant in HOPPER_ATTENTION_VARIANTS else []) + (
+        ["the small-head CUDA kernel at 16/32 heads from 8-16 tokens"] if variant in MMA_ATTENTION_VARIANTS else [])
+    return ((f"on sm_90 {' and '.join(cuda)}, else " if cuda else "")
+            + "sparse MLA in Triton: 16-64 heads per program, split-KV sized to fill the SMs, exact fp32 combine"
+            + (", FP8 KV dequantized in-kernel" if "fp8kv" in variant else ""))
 
 
 SOLUTIONS: list[Solution] = [
@@ -101,10 +117,7 @@ SOLUTIONS: list[Solution] = [
              "dsactl.kernels.topk.torch_baseline:topk_page_transform",
              "vectorized PyTorch: one torch.topk over all rows, then page translation", needs_gpu=False, baseline=True),
     *(Solution(f"dsactl-attention{v.replace('_', '-')}", (f"dsa_sparse_attention_h*_ckv512_kpe64_topk*_ps64{v}",),
-               "triton", f"dsactl.kernels.attention.solution:sparse_attention{v}",
-               ("the Hopper CUDA kernel on sm_90 at 64/128 heads, else " if v in HOPPER_ATTENTION_VARIANTS else "")
-               + "sparse MLA in Triton: 16-64 heads per program, split-KV sized to fill the SMs, exact fp32 combine"
-               + (", FP8 KV dequantized in-kernel" if "fp8kv" in v else ""),
+               "triton", f"dsactl.kernels.attention.solution:sparse_attention{v}", _attention_description(v),
                pack_entries=_triton_only_entries(v))
       for v in ATTENTION_VARIANTS),
     *(Solution(f"dsactl-attention-hopper{v.replace('_', '-')}",
@@ -115,6 +128,13 @@ SOLUTIONS: list[Solution] = [
                + (", FP8 KV dequantized to fp16 by the producer" if "fp8kv" in v else ""),
                cuda_libs=("hopper_mla",), capability=(9, 0))
       for v in HOPPER_ATTENTION_VARIANTS),
+    *(Solution(f"dsactl-attention-mma{v.replace('_', '-')}",
+               tuple(f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk*_ps64{v}" for h in dispatch.MMA_HEADS),
+               "cuda", f"dsactl.kernels.attention.mma_mla:sparse_attention{v}",
+               "sparse MLA at 16/32 heads with FP8 KV in CUDA: mma.sync, a bulk-copy ring of gathered rows two "
+               "CTAs an SM, e4m3 fed to fp16 MMAs with the scales applied to logits and P, split-KV + the Triton "
+               "combine", cuda_libs=("mma_mla",), capability=(9, 0))
+      for v in MMA_ATTENTION_VARIANTS),
     *(Solution(f"torch-attention{v.replace('_', '-')}", (f"dsa_sparse_attention_h*_ckv512_kpe64_topk*_ps64{v}",),
                "python", f"dsactl.kernels.attention.torch_baseline:torch_sparse_attention{v}",
                "vectorized PyTorch: gather, einsum, masked softmax", needs_gpu=False, baseline=True)

@@ -66,9 +66,10 @@ for area in "${AREAS[@]}"; do
     verify) "${DSACTL[@]}" verify --suite all --json "$DIR/verify.json" ;;
     contest) bench contest --suite contest -b reference --iters 20 --trials 1 ;;
     attention)
-      # FlashMLA serves 64/128 heads; at 16/32 heads it runs padded to 64, as serving engines do.
+      # FlashMLA serves 64/128 heads; at 16/32 heads it runs padded to 64, as serving engines do, and so
+      # does our own 64-head path (dsactl-padded64), beside the native kernels.
       flashmla
-      baseline=(); python3 -c "import flash_mla" 2>/dev/null && baseline=(-b flashmla) ||
+      baseline=(-b dsactl-padded64); python3 -c "import flash_mla" 2>/dev/null && baseline+=(-b flashmla) ||
         echo "reproduce.sh: FlashMLA does not import: attention is timed without it" >&2
       bench attention --suite scale -d 'dsa_sparse_attention_*' -s dsactl-attention -s dsactl-attention-fp8kv \
         --no-reference --iters 20 --trials 2 "${baseline[@]}" ;;

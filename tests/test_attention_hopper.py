@@ -620,12 +620,12 @@ def test_dispatch_reads_the_facts_of_a_call_from_its_tensors(monkeypatch):
 
 
 def test_dispatch_is_a_pure_function_of_the_call():
-    served = dict(topk_length=False, sink=False, within_hopper_limits=True)
+    served = dict(fp8kv=False, num_tokens=8, topk_length=False, sink=False, fits={dispatch.HOPPER})
     assert dispatch.implementation_for(64, (9, 0), **served) == dispatch.HOPPER
     assert dispatch.implementation_for(128, (9, 0), **served, requested="triton") == dispatch.TRITON
     assert dispatch.implementation_for(16, (9, 0), **served) == dispatch.TRITON
     assert dispatch.implementation_for(64, None, **served) == dispatch.TRITON
-    assert dispatch.implementation_for(64, (9, 0), **{**served, "within_hopper_limits": False}) == dispatch.TRITON
+    assert dispatch.implementation_for(64, (9, 0), **{**served, "fits": set()}) == dispatch.TRITON
     assert dispatch.implementation_for(64, (9, 0), **{**served, "sink": True}) == dispatch.TRITON
     with pytest.raises(KernelError, match="unknown implementation 'cutlass'"):
         dispatch.implementation_for(64, (9, 0), **served, requested="cutlass")

@@ -254,6 +254,19 @@ def test_plot_writes_latency_and_speedup_pngs(tmp_path):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and p.stat().st_size > 5000
 
 
+def test_plot_draws_attention_bandwidth_against_the_copy_line(tmp_path):
+    """Attention (the memory-bound stage) also gets GB/s vs size with the copy bandwidth of the run."""
+    d = "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64_fp8kv"
+    rows = [_result(name, f"w{t}", median=5.0 * t, size=2048 * t, definition=d)
+            for name in ("dsactl-attention-fp8kv", "flashmla") for t in (1, 8, 32)]
+    written = plot.plot(rows, tmp_path)
+    assert sorted(p.name for p in written) == [f"bandwidth-{d}.png", f"latency-{d}.png"]
+    assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
+    unrated = [_result(definition=d)]
+    unrated[0].gbps = None
+    assert plot.bandwidth_plot(unrated, d, tmp_path / "none.png") is None
+
+
 # --- work metrics ----------------------------------------------------------------------------
 
 def test_attention_work_counts_the_gathered_rows_of_valid_ids():

@@ -11,6 +11,8 @@ names pick among the others (default: all that serve the definition):
   flashinfer    FlashInfer's top_k_page_table_transform (top-k definitions)
   flashmla      FlashMLA's sparse attention (attention definitions): its decode kernel for FP8 KV, its
                 prefill kernel for bf16 KV; under 64 heads q is padded to 64 heads, as engines do
+  dsactl-padded64  this project's attention on q padded to 64 heads (definitions under 64 heads): what
+                padding would cost here, beside the native kernels
 A plug-in that is not importable here is listed as skipped, never an error.
 """
 
@@ -113,6 +115,25 @@ def _flashmla_attention(module: Any, call: Call) -> Callable[[], Any]:
                              softmax_scale=x["sm_scale"], is_fp8_kvcache=True, indices=indices, **extra)
 
 
+PADDED_HEADS = 64  # our 64-head path (the Hopper kernel on sm_90): what padding a shard would cost here
+
+
+def _padded_attention(module: Any, call: Call) -> Callable[[], Any]:
+    """This project's attention dispatch on q padded with zero heads to PADDED_HEADS (outside the timed call),
+    writing [T, 64, ...] outputs: the padded alternative to the native 16/32-head kernels, timed on the same
+    tokens."""
+    x, d = call.inputs, call.definition
+    pad = PADDED_HEADS - d.params["heads"]
+    q_nope, q_pe = (torch.nn.functional.pad(x[k], (0, 0, 0, pad)).contiguous() for k in ("q_nope", "q_pe"))
+    output = torch.empty(*q_nope.shape[:2], MLA_CKV_DIM, dtype=torch.bfloat16, device=q_nope.device)
+    lse = torch.empty(q_nope.shape[:2], dtype=torch.float32, device=q_nope.device)
+    extra = {k: x[k] for k in ("ckv_cache", "kpe_cache", "kv_cache", "topk_length") if k in x}
+    if "attn_sink" in x:
+        extra["attn_sink"] = torch.nn.functional.pad(x["attn_sink"], (0, pad))
+    return functools.partial(module.sparse_mla_attention, q_nope, q_pe, x["sparse_indices"], x["sm_scale"], output,
+                             lse, lse_base_e=d.params["lse_base"] != 2.0, **extra)
+
+
 @dataclass(frozen=True)
 class Plugin:
     name: str
@@ -135,6 +156,8 @@ PLUGINS = (
     Plugin("flashinfer", "flashinfer", lambda d: stage(d) == "topk", _flashinfer_topk),
     Plugin("flashmla", "flash_mla",
            lambda d: stage(d) == "attention" and d.params["heads"] <= max(FLASHMLA_HEADS), _flashmla_attention),
+    Plugin("dsactl-padded64", "dsactl.kernels.attention.solution",
+           lambda d: stage(d) == "attention" and d.params["heads"] < PADDED_HEADS, _padded_attention),
 )
 
 

@@ -1,5 +1,6 @@
-"""--plot DIR: per definition, latency vs workload size per solution, and mean
-speedup over the reference per workload class (matplotlib, Agg backend)."""
+"""--plot DIR: per definition, latency vs workload size per solution, mean speedup over the
+reference per workload class, and for attention (the memory-bound stage) achieved bandwidth vs
+workload size against the measured copy bandwidth (matplotlib, Agg backend)."""
 
 from __future__ import annotations
 
@@ -71,8 +72,35 @@ def speedup_plot(results: Sequence[Result], definition: str, path: Path) -> Path
     return path
 
 
+def bandwidth_plot(results: Sequence[Result], definition: str, path: Path) -> Path | None:
+    """GB/s of the bytes each call must touch vs size per solution, with the copy bandwidth measured in the
+    same run as the line a kernel cannot pass; None where no row has both."""
+    rated = [r for r in results if r.gbps is not None and r.pct_copy_bw]
+    if not rated:
+        return None
+    copy_gbps = rated[0].gbps * 100.0 / rated[0].pct_copy_bw
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for name in dict.fromkeys(r.solution for r in rated):
+        mine = sorted((r for r in rated if r.solution == name), key=lambda r: r.size)
+        ax.plot([max(r.size, 1) for r in mine], [r.gbps for r in mine], marker="o", markersize=3, linewidth=1,
+                label=name)
+    ax.axhline(copy_gbps, color="gray", linestyle="--", linewidth=1, label=f"copy {copy_gbps:.0f} GB/s")
+    ax.set_xscale("log")
+    ax.set_ylim(0, copy_gbps * 1.08)
+    ax.set_xlabel(SIZE_NAMES[stage(get_definition(definition))])
+    ax.set_ylabel("GB/s of the bytes each call must touch")
+    ax.set_title(definition, fontsize=9)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=DPI)
+    plt.close(fig)
+    return path
+
+
 def plot(results: Sequence[Result], folder: str | Path) -> list[Path]:
-    """Two PNGs per definition; the speedup plot only where speedups exist."""
+    """Up to three PNGs per definition: latency; speedup where speedups exist; bandwidth for attention."""
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     written = []
@@ -81,4 +109,7 @@ def plot(results: Sequence[Result], folder: str | Path) -> list[Path]:
         written.append(latency_plot(mine, definition, folder / f"latency-{definition}.png"))
         if any(r.speedup is not None and r.kind != "reference" for r in mine):
             written.append(speedup_plot(mine, definition, folder / f"speedup-{definition}.png"))
+        if stage(get_definition(definition)) == "attention":
+            found = bandwidth_plot(mine, definition, folder / f"bandwidth-{definition}.png")
+            written += [found] if found else []
     return written

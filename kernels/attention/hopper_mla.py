@@ -41,6 +41,7 @@ from ..cuda_library import load_library
 from ..errors import KernelBuildError, KernelError, KernelInputError
 from ..fp8 import MLA_TOKEN_BYTES
 from . import triton_sparse_mla as tsm
+from .alignment import check_aligned
 from .dispatch import HOPPER_CAPABILITY, HOPPER_HEADS
 from .entries import Variant, entries
 
@@ -50,8 +51,6 @@ HEADS_PER_CTA = 64  # wgmma M: one consumer warpgroup's accumulator rows
 BLOCK_TOKENS = 64  # tokens per shared-memory ring stage
 MAX_TOPK = 2048
 CAPABILITY = HOPPER_CAPABILITY
-ALIGN_BYTES = 16  # cp.async and vector loads move 16 bytes
-ROW_ALIGN_ELEMS = ALIGN_BYTES // 2  # bf16 elements per 16 bytes
 # The split formula of the Triton kernel, with this kernel's tile: 64 heads x 64 tokens per step,
 # one CTA per SM (its 227 KB of shared memory fill one).
 TILE = tsm.Config(block_h=HEADS_PER_CTA, block_n=BLOCK_TOKENS, num_warps=12, num_stages=2)
@@ -70,14 +69,6 @@ def _fail(message: str) -> None:
 def _check(cond: bool, message: str) -> None:
     if not cond:
         _fail(message)
-
-
-def _check_aligned(name: str, t: torch.Tensor, row_dims: int) -> None:
-    """Base 16-byte aligned; the strides of the first row_dims dims keep every row 16-byte aligned
-    (a dim of size 1 is never stepped over, so its stride does not matter)."""
-    _check(t.data_ptr() % ALIGN_BYTES == 0, f"{name} must start 16-byte aligned (got a view at an odd offset)")
-    bad = [s for s, n in zip(t.stride()[:row_dims], t.shape) if n > 1 and s % ROW_ALIGN_ELEMS]
-    _check(not bad, f"{name} row strides must be multiples of {ROW_ALIGN_ELEMS} elements, got {t.stride()}")
 
 
 def _device_capability(device: torch.device) -> tuple[int, int]:
@@ -189,12 +180,12 @@ def _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv
     _check(topk % BLOCK_TOKENS == 0 and topk <= MAX_TOPK,
            f"topk must be a multiple of {BLOCK_TOKENS} in [{BLOCK_TOKENS}, {MAX_TOPK}], got {topk}")
     for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("output", output)):
-        _check_aligned(name, t, 2)
+        check_aligned(WHO, name, t, 2)
     if kv_cache is not None:
-        _check(kv_cache.data_ptr() % ALIGN_BYTES == 0, "kv_cache must start 16-byte aligned")
+        check_aligned(WHO, "kv_cache", kv_cache, 0)
     else:
         for name, cache in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
-            _check_aligned(name, cache, 2)
+            check_aligned(WHO, name, cache, 2)
 
 
 def fits(q_nope, q_pe, sparse_indices, output, ckv_cache=None, kpe_cache=None, kv_cache=None) -> bool:

@@ -1,0 +1,179 @@
+"""Launcher of the small-head FP8 sparse MLA decode kernel (mma_mla.cu): input checks, split choice,
+the split partials, then the kernel and, with several splits, the Triton combine.
+
+Contract: the sparse attention operator (docs/design.md, Contracts; as triton_sparse_mla.py) for the
+calls this kernel serves: 16 or 32 heads, FP8 KV (kv_cache, 656-byte tokens), topk up to 2048, every
+variant (LSE base 2 or e, topk_length, attention sink), -1 ids anywhere, empty rows (output 0, lse
+-inf). Ids outside the cache are masked and counted in the operator's one counter (bad_index_count).
+Needs compute capability 9.0 or later with sm_90/sm_100's shared memory (MIN_CAPABILITY); 16-byte
+aligned tensors and row strides of multiples of 8 elements (alignment.py), as the Hopper kernel.
+
+Splits: split s of S takes the row positions s, s + S, ... as the Triton kernel, and its partials go
+through the Triton combine (triton_sparse_mla.split_partials / combine).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+from functools import lru_cache
+
+import torch
+
+from ..bad_index import checking
+from ..cuda_library import load_library
+from ..errors import KernelBuildError, KernelError, KernelInputError
+from . import triton_sparse_mla as tsm
+from .alignment import check_aligned
+from .entries import Variant, entries
+
+LIBRARY = "mma_mla"
+WHO = "small-head FP8 sparse MLA attention"
+HEADS = (16, 32)
+HEADS_PER_GROUP = 16  # mma.sync M: 4 warps own 16 heads of one token; 32 heads are two groups in one CTA
+BLOCK_TOKENS = 64  # gathered tokens a tile
+MAX_TOPK = 2048  # the ids of a split sit in shared memory
+MAX_SPLITS = tsm.MAX_SPLITS  # the combine kernel's limit
+MAX_TOKENS = 65535  # tokens are the kernel grid's z dimension
+# Bulk copies and mbarrier transactions (and cvt from e4m3: 8.9); the library also refuses a GPU whose
+# per-CTA shared memory is below the kernel's (sm_120).
+MIN_CAPABILITY = (9, 0)
+# CTAs an SM (the kernel's launch bounds and shared memory): 16 heads 2, 32 heads (two head groups a CTA) 1.
+CTAS_PER_SM = {16: 2, 32: 1}
+# A CTA's fp32 partial (16 heads x 512 values, 32 KB a head group) written and read back by the combine,
+# in tiles of 21 KB of gathered rows.
+PARTIAL_TILES_PER_GROUP = 3.0
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise KernelInputError(f"{WHO}: {message}")
+
+
+def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
+    """Splits per token: the Triton kernel's formula with this kernel's CTA (every head of a token, tiles
+    of BLOCK_TOKENS), CTAS_PER_SM CTAs an SM and the cost of its partials."""
+    groups = heads // HEADS_PER_GROUP
+    cta = tsm.Config(block_h=heads, block_n=BLOCK_TOKENS, num_warps=4 * groups, num_stages=1)
+    return tsm.num_splits_for(num_tokens, heads, topk, cta, num_sms * CTAS_PER_SM[heads],
+                              PARTIAL_TILES_PER_GROUP * groups)
+
+
+@lru_cache(maxsize=None)
+def library() -> ctypes.CDLL:
+    """lib{LIBRARY}.so for this GPU, bound; a KernelBuildError names the build to run when it is missing."""
+    return bind(load_library(LIBRARY))
+
+
+def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declare the C ABI of mma_mla.cu on a loaded library."""
+    p, i64, i32, f32 = ctypes.c_void_p, ctypes.c_longlong, ctypes.c_int, ctypes.c_float
+    lib.dsa_mma_mla_decode.restype = i32
+    lib.dsa_mma_mla_decode.argtypes = [
+        p, i64, i64,  # q_nope, strides (token, head)
+        p, i64, i64,  # q_pe, strides
+        p,  # kv (FP8 656-byte tokens)
+        p, i64,  # indices, row stride
+        p, p,  # topk_length, sink (nullable)
+        i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits
+        f32, f32,  # sm_scale * log2(e), lse scale
+        p, i64, i64,  # output, strides
+        p, i64, i64,  # lse, strides
+        p, p, p,  # partials: acc, m, l
+        i64, p,  # cache_tokens (ids are valid below it), int32 counter of the masked out-of-range ids
+        p,  # cudaStream_t
+    ]
+    lib.dsa_mma_mla_error_string.restype = ctypes.c_char_p
+    lib.dsa_mma_mla_error_string.argtypes = [i32]
+    for name in ("max_splits", "max_tokens", "max_topk", "heads_per_group"):
+        getattr(lib, f"dsa_mma_mla_{name}").restype = i32
+    limits = (lib.dsa_mma_mla_max_splits(), lib.dsa_mma_mla_max_tokens(), lib.dsa_mma_mla_max_topk(),
+              lib.dsa_mma_mla_heads_per_group())
+    if limits != (MAX_SPLITS, MAX_TOKENS, MAX_TOPK, HEADS_PER_GROUP):
+        raise KernelBuildError(f"lib{LIBRARY}.so was built with different limits: rebuild it with `dsactl build`")
+    return lib
+
+
+def _check_limits(q_nope, q_pe, sparse_indices, output, kv_cache) -> None:
+    """What this kernel needs beyond the operator's contract: FP8 KV, its token and topk limits, 16-byte
+    alignment. Reads only the leading dims, so it may run before the contract check."""
+    _check(kv_cache is not None, "serves FP8 KV (kv_cache) only: use the Triton kernel for bf16 KV")
+    num_tokens, topk = sparse_indices.shape[0], sparse_indices.shape[-1]
+    _check(num_tokens <= MAX_TOKENS, f"at most {MAX_TOKENS} query tokens per call, got {num_tokens}")
+    _check(topk <= MAX_TOPK, f"topk must be at most {MAX_TOPK}, got {topk}")
+    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("output", output)):
+        check_aligned(WHO, name, t, 2)
+    check_aligned(WHO, "kv_cache", kv_cache, 0)
+
+
+def fits(q_nope, q_pe, sparse_indices, output, kv_cache=None) -> bool:
+    """Whether the call is within this kernel's limits and alignment, for the dispatch. No GPU needed."""
+    try:
+        _check_limits(q_nope, q_pe, sparse_indices, output, kv_cache)
+    except KernelInputError:
+        return False
+    return True
+
+
+def check_arch(device: torch.device) -> None:
+    _check(device.type == "cuda", f"needs CUDA tensors (got {device})")
+    capability = tuple(torch.cuda.get_device_capability(device))
+    _check(capability >= MIN_CAPABILITY, f"needs compute capability {MIN_CAPABILITY[0]}.{MIN_CAPABILITY[1]} or "
+                                         f"later; this GPU is {capability[0]}.{capability[1]}")
+
+
+def sparse_mla_attention(
+    q_nope: torch.Tensor, q_pe: torch.Tensor, sparse_indices: torch.Tensor, sm_scale: float,
+    output: torch.Tensor, lse: torch.Tensor, *, ckv_cache: torch.Tensor | None = None,
+    kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
+    topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
+    lse_base_e: bool = False, num_splits: int | None = None, check: bool | None = None,
+) -> None:
+    """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention; FP8 KV
+    only). num_splits overrides the split formula. Ids outside the cache are masked and counted
+    (bad_index_count); check (default: DSACTL_CHECK=1) refuses them on the host first."""
+    num_tokens, heads, topk, _ = tsm.check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache,
+                                                  kv_cache, topk_length, attn_sink, HEADS, WHO)
+    _check_limits(q_nope, q_pe, sparse_indices, output, kv_cache)
+    device = q_nope.device
+    check_arch(device)
+    tokens_in_cache = tsm.cache_tokens(None, kv_cache)
+    if checking(check):
+        tsm.check_ids_in_cache(sparse_indices, topk_length, tokens_in_cache, WHO)
+    if num_tokens == 0:
+        return
+    splits = num_splits or num_splits_for(num_tokens, heads, topk, tsm._num_sms(device))
+    _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
+    lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
+    partials = tsm.split_partials(device, num_tokens, splits, heads) if splits > 1 else (None, None, None)
+
+    lib = library()
+    with torch.cuda.device(device):
+        code = lib.dsa_mma_mla_decode(
+            q_nope.data_ptr(), q_nope.stride(0), q_nope.stride(1),
+            q_pe.data_ptr(), q_pe.stride(0), q_pe.stride(1), kv_cache.data_ptr(),
+            sparse_indices.data_ptr(), sparse_indices.stride(0),
+            None if topk_length is None else topk_length.data_ptr(),
+            None if attn_sink is None else attn_sink.data_ptr(),
+            num_tokens, heads, topk, splits, float(sm_scale) * math.log2(math.e), lse_scale,
+            output.data_ptr(), output.stride(0), output.stride(1),
+            lse.data_ptr(), lse.stride(0), lse.stride(1),
+            *(None if t is None else t.data_ptr() for t in partials),
+            tokens_in_cache, tsm.BAD_INDICES.tensor(device).data_ptr(),
+            torch.cuda.current_stream(device).cuda_stream,
+        )
+    if code != 0:
+        raise KernelError(f"{WHO}: kernel launch failed: {lib.dsa_mma_mla_error_string(code).decode()} "
+                          f"(code {code})")
+    if splits > 1:
+        tsm.combine(partials, attn_sink, output, lse, lse_scale, heads, splits, num_tokens)
+
+
+# One counter for the operator, whichever kernel served the call.
+bad_index_count = tsm.bad_index_count
+reset_bad_index_count = tsm.reset_bad_index_count
+
+# Entries with the definitions' signatures, for the variants served (FP8 KV).
+SERVED_VARIANTS = tuple(Variant(True, lse_e, topk_length, sink) for lse_e in (False, True)
+                        for topk_length in (False, True) for sink in (False, True))
+globals().update(entries(sparse_mla_attention, "sparse_attention", SERVED_VARIANTS))
