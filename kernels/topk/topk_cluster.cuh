@@ -329,13 +329,12 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
   const int* table = p.block_table + batch * p.block_table_stride;
 
   if (length <= k) {  // every valid position is selected: structural mapping, no histogram
-    int masked = 0;
     for (int i = rank * per_rank + static_cast<int>(threadIdx.x); i < stop; i += kThreads) {
       const int id = i < length ? physical_id(p, table[i / kPageSize], i % kPageSize) : -1;
-      masked += i < length && id < 0;
       out[i] = id;
+      // Counted per id on the bad path, as the row kernel does (topk_row.cuh says why).
+      if (i < length && id < 0) atomicAdd(p.bad_count, 1);
     }
-    count_masked(p, masked);
     return;  // uniform over the cluster (one cluster per row): no CTA waits on a barrier
   }
 
