@@ -8,6 +8,8 @@ checks and its CPU model. Seeded (derandomize) and bounded: the file runs in wel
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
@@ -33,6 +35,10 @@ settings.register_profile("dsactl-fuzz", derandomize=True, database=None, deadli
 def fuzz(examples: int) -> settings:
     return settings(settings.get_profile("dsactl-fuzz"), max_examples=examples)
 
+
+# The Triton kernels take these CPU tensors only under the interpreter (tests/conftest.py: no GPU).
+interpreted = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1",
+                                 reason="fuzzes the Triton kernels under the interpreter, on a machine without a GPU")
 
 DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn, torch.int64, torch.int32,
           torch.int8, torch.uint8, torch.bool)
@@ -195,6 +201,7 @@ def indexer_case(seq_lens: list[int], max_pages: int, num_pages: int, next_n: in
             "block_table": torch.randint(-2, num_pages + 3, (batch, max_pages), generator=g, dtype=torch.int32)}
 
 
+@interpreted
 @fuzz(100)
 @given(st.sampled_from(("q", "cache", "weights", "seq_lens", "block_table", "scores", "lengths")), st.data())
 def test_indexer_host_checks_name_the_argument(target, data):
@@ -209,6 +216,7 @@ def test_indexer_host_checks_name_the_argument(target, data):
         assert any(n in message for n in ("q", "cache", "weights", "seq_lens", "block_table", "scores", "lengths"))
 
 
+@interpreted
 @fuzz(20)
 @given(st.lists(st.integers(-3, 200), min_size=1, max_size=2), st.integers(1, 3), st.integers(0, 5),
        st.integers(1, 2), st.integers(0, 2**16))
@@ -236,6 +244,7 @@ def test_indexer_scores_pages_in_the_cache_and_masks_the_rest(seq_lens, max_page
     assert indexer_score.bad_index_count("cpu") == planted
 
 
+@interpreted
 @fuzz(15)
 @given(st.lists(st.integers(-70, 600), min_size=0, max_size=3), st.integers(0, 8), st.integers(1, 4),
        st.integers(0, 2**16))
@@ -290,6 +299,7 @@ def test_attention_host_checks_name_the_argument(target, fp8kv, data):
         assert any(n in message for n in ATTENTION_ARGS + ("heads", "KV form", "bf16 form")), message
 
 
+@interpreted
 @fuzz(12)
 @given(st.integers(1, 2), st.integers(1, 3), st.booleans(), st.booleans(), st.integers(0, 2**16))
 def test_attention_masks_ids_outside_the_cache_and_matches_the_reference(tokens, pages, fp8kv, topk_length, seed):
