@@ -461,8 +461,7 @@ def _hostile(label: str | None = None, stage: str | None = None) -> list[Workloa
     return [w for w in HOSTILE if (label is None or w.label == label) and (stage is None or stage in w.definition)]
 
 
-@pytest.mark.parametrize("w", [w for w in HOSTILE if "attention" not in w.definition or w.label in ("bad_ids", "empty")],
-                         ids=lambda w: w.uuid)
+@pytest.mark.parametrize("w", HOSTILE, ids=lambda w: w.uuid)
 def test_hostile_references_pass_the_rules(w):
     # The rules and the references agree on what masked values give (the same as -1).
     call = prepare(w, "cpu", 0)
