@@ -322,15 +322,21 @@ struct Work {
 
 // Row position of block b's token i in split s: s + (b * 64 + i) * S, valid below n_mine. An id outside
 // [0, cache_tokens) is masked as -1 (one unsigned compare on the valid path), so no input value makes a
-// gather leave the cache; the caller that `counts` it (one lane per token, one CTA per gather) adds
-// the ones that are not the contract's -1 to the device counter.
-__device__ __forceinline__ int gather_index(const Params& p, const Work& w, int b, int token, bool counts) {
+// gather leave the cache; `bad` counts the masked ids that are not the contract's -1. The producers add
+// their count to the device counter once, after their loop (add_bad_ids), so that no atomic sits among
+// the index loads they issue together.
+__device__ __forceinline__ int gather_index(const Params& p, const Work& w, int b, int token, int& bad) {
   const int j = b * kBlockTokens + token;
   if (j >= w.n_mine) return -1;
   const int idx = __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
   if (static_cast<uint32_t>(idx) < p.cache_tokens) return idx;
-  if (counts && idx != -1) atomicAdd(p.bad_index_count, 1);
+  bad += idx != -1;
   return -1;
+}
+
+// A producer thread's count of masked ids into the device counter, by the threads that `count` them.
+__device__ __forceinline__ void add_bad_ids(const Params& p, bool counts, int bad) {
+  if (counts && bad > 0) atomicAdd(p.bad_index_count, bad);
 }
 
 // ---- producer: bf16 -------------------------------------------------------------------------------
@@ -352,23 +358,22 @@ __device__ __forceinline__ int exponent_of(int bits) { return (bits >> 23) - 127
 constexpr int kMaskedColumn = -1;
 __device__ __forceinline__ int column_code(int shift) { return __float_as_int(pow2(shift)); }
 
-// This lane's token index of pass q (kPasses passes per block). Every head group's CTA gathers the
-// same ids: the first counts them.
-__device__ __forceinline__ int pass_index(const Params& p, const Work& w, int q) {
-  return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken,
-                      threadIdx.x % kLanesPerToken == 0 && w.group == 0);
+// This lane's token index of pass q (kPasses passes per block).
+__device__ __forceinline__ int pass_index(const Params& p, const Work& w, int q, int& bad) {
+  return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken, bad);
 }
 
 __device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
   const int piece = threadIdx.x % kLanesPerToken;
   const __nv_bfloat16* ckv = static_cast<const __nv_bfloat16*>(p.kv_a);
   const __nv_bfloat16* kpe = static_cast<const __nv_bfloat16*>(p.kv_b);
+  int bad = 0;
   for (int b = 0; b < w.num_blocks; ++b) {
     const int stage = b % kStages;
     // Every index first: their loads are independent and in flight together.
     int idx[kPasses];
 #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) idx[pass] = pass_index(p, w, b * kPasses + pass);
+    for (int pass = 0; pass < kPasses; ++pass) idx[pass] = pass_index(p, w, b * kPasses + pass, bad);
     if (b >= kStages) mbar_wait(sm.empty(stage), ((b / kStages) - 1) & 1);  // consumers done with block b - 2
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
@@ -391,6 +396,8 @@ __device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
     fence_proxy_async();  // cp.async writes (generic proxy) are read by wgmma (async proxy)
     mbar_arrive(sm.full(stage));
   }
+  // Every head group's CTA gathers the same ids: one lane per token of the first counts them.
+  add_bad_ids(p, piece == 0 && w.group == 0, bad);
 }
 
 // ---- producer: FP8 --------------------------------------------------------------------------------
@@ -559,7 +566,8 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
   const auto token_of = [&](int q) { return first_token_of(q) + static_cast<int>(threadIdx.x) / kLanesPerToken; };
   // Peers in a cluster gather disjoint passes, so each counts its own; apart, the first head group counts.
   const bool counts = threadIdx.x % kLanesPerToken == 0 && (kPeers > 1 || w.group == 0);
-  const auto index_of = [&](int q) { return gather_index(p, w, q / kMyPasses, token_of(q), counts); };
+  int bad = 0;
+  const auto index_of = [&](int q) { return gather_index(p, w, q / kMyPasses, token_of(q), bad); };
   const int passes = w.num_blocks * kMyPasses;
   if (passes == 0) return;
   Fp8Slice cur = load_fp8(p, index_of(0));
@@ -598,6 +606,7 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
     }
     cur = next;
   }
+  add_bad_ids(p, counts, bad);
 }
 
 // Two floats -> two fp16 or bf16 in one word (low half first), rounded to nearest.
