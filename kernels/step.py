@@ -1,0 +1,180 @@
+"""DecodeStep: one DSA decode step (indexer, top-k, sparse MLA attention) over a workspace built once.
+
+    step = DecodeStep(batch=32, max_context=32768, heads=128, kv_format="fp8", next_n=1, device="cuda")
+    output, lse = step(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table,
+                       q_nope, q_pe, sm_scale, kv_cache=kv_cache)
+
+Built once per (batch, max context, attention heads, KV format, next_n, topk, device), which it checks
+then, each with a KernelInputError naming the argument. A call checks its tensors' dtypes, shapes,
+devices and layout against that configuration (attribute reads only), runs dsactl::indexer_topk_out
+into the step's top-k buffer and dsactl::sparse_mla_decode_out from it into the step's output and lse,
+and returns those two buffers: the next call overwrites them. The ids stay on the device between the
+stages, in the contract's form (physical token ids, -1 padded), and nothing waits for the host, so a
+call can be captured in a CUDA graph (after one warm-up call, which compiles the kernels) and replayed
+on new values copied into the same input tensors. The kernels' own scratch (scores, split partials)
+comes from PyTorch's caching allocator, stream-ordered, and from the graph's pool under capture.
+
+Inputs (B = batch, N = next_n, T = B * N query tokens, P = max_pages = ceil(max_context / 64)):
+  q_index_fp8       float8_e4m3fn [B, index_heads, 128] (N = 1) or [B, N, index_heads, 128], contiguous
+  k_index_cache_fp8 int8 [num_pages, 64, 1, 132], contiguous (the paged FP8 indexer K cache)
+  weights           float32 [B, index_heads] (N = 1) or [B, N, index_heads], contiguous
+  seq_lens          int32 [B], each in [next_n, max_context]; block_table int32 [B, P], unit column stride
+  q_nope            bf16 [T, heads, 512], q_pe bf16 [T, heads, 64] (last dimension contiguous)
+  kv_cache          int8 [num_pages, 64, 656] (kv_format "fp8"), or ckv_cache bf16 [num_pages, 64, 512]
+                    and kpe_cache bf16 [num_pages, 64, 64] (kv_format "bf16"), pages named by block_table
+  sm_scale          float; attn_sink (optional) float32 [heads]
+Outputs: output bf16 [T, heads, 512], lse float32 [T, heads] (base 2, or e with lse_base_e); token
+t = b * N + j is query token j of request b.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+
+from . import ops
+from .attention.triton_sparse_mla import HEADS as ATTENTION_HEADS
+from .errors import KernelInputError
+from .fp8 import INDEX_HEAD_DIM, INDEX_PAGE_BYTES, MLA_CKV_DIM, MLA_KPE_DIM, MLA_TOKEN_BYTES, PAGE_SIZE
+from .indexer.shapes import HEADS as INDEX_HEADS
+from .indexer.shapes import NEXT_NS, TOPKS
+
+KV_FORMATS = ("bf16", "fp8")
+# The indexer K cache viewed per token: 8448-byte pages as [64, 1, 132] (kernels/fp8.py).
+INDEX_TOKEN_VIEW = (PAGE_SIZE, 1, INDEX_PAGE_BYTES // PAGE_SIZE)
+ANY = None  # a shape entry any size meets (the caches' page count)
+
+
+def _fail(message: str) -> None:
+    raise KernelInputError(f"DecodeStep: {message}")
+
+
+def _describe(t: torch.Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)} on {t.device}"
+
+
+def _resolve_device(device: torch.device | str) -> torch.device:
+    """The device with its index: tensors report cuda:N, so per-call checks compare like with like."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError) as e:
+        _fail(f"device {device!r} is not a device ({e})")
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            _fail(f"device {device} asks for CUDA, but no CUDA GPU is visible")
+        if device.index is None:
+            device = torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
+def _choice(name: str, value, allowed: tuple) -> None:
+    if isinstance(value, bool) or value not in allowed:
+        _fail(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
+
+
+def _positive_int(name: str, value) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        _fail(f"{name} must be a positive integer, got {value!r}")
+
+
+class DecodeStep:
+    """One decode step of a DSA layer over a preallocated workspace (module docstring)."""
+
+    def __init__(self, batch: int, max_context: int, heads: int, kv_format: str, *, next_n: int = 1,
+                 topk: int = 2048, index_heads: int = 64, lse_base_e: bool = False,
+                 device: torch.device | str = "cuda") -> None:
+        _positive_int("batch", batch)
+        _positive_int("max_context", max_context)
+        _choice("heads", heads, ATTENTION_HEADS)
+        _choice("kv_format", kv_format, KV_FORMATS)
+        _choice("next_n", next_n, NEXT_NS)
+        _choice("topk", topk, TOPKS)
+        _choice("index_heads", index_heads, INDEX_HEADS)
+        if max_context < next_n:
+            _fail(f"max_context must be at least next_n ({next_n}): each request holds its {next_n} query "
+                  f"tokens, got {max_context}")
+        if not isinstance(lse_base_e, bool):
+            _fail(f"lse_base_e must be a bool, got {lse_base_e!r}")
+        self.batch, self.max_context, self.heads, self.kv_format = batch, max_context, heads, kv_format
+        self.next_n, self.topk, self.index_heads, self.lse_base_e = next_n, topk, index_heads, lse_base_e
+        self.device = _resolve_device(device)
+        self.max_pages = -(-max_context // PAGE_SIZE)
+        self.num_tokens = batch * next_n
+
+        # The workspace: written by every call, read by the caller after it (ids for inspection).
+        self.topk_indices = torch.empty(batch, next_n, topk, dtype=torch.int32, device=self.device)
+        self.output = torch.empty(self.num_tokens, heads, MLA_CKV_DIM, dtype=torch.bfloat16, device=self.device)
+        self.lse = torch.empty(self.num_tokens, heads, dtype=torch.float32, device=self.device)
+        self._sparse_indices = self.topk_indices.view(self.num_tokens, topk)  # one row per query token
+
+        mtp = (next_n,) if next_n > 1 else ()
+        self._index_inputs = (
+            ("q_index_fp8", torch.float8_e4m3fn, (batch, *mtp, index_heads, INDEX_HEAD_DIM), True),
+            ("k_index_cache_fp8", torch.int8, (ANY, *INDEX_TOKEN_VIEW), True),
+            ("weights", torch.float32, (batch, *mtp, index_heads), True),
+            ("seq_lens", torch.int32, (batch,), True),
+            ("block_table", torch.int32, (batch, self.max_pages), False),
+        )
+        self._queries = (
+            ("q_nope", torch.bfloat16, (self.num_tokens, heads, MLA_CKV_DIM), False),
+            ("q_pe", torch.bfloat16, (self.num_tokens, heads, MLA_KPE_DIM), False),
+        )
+        if kv_format == "fp8":
+            self._caches = (("kv_cache", torch.int8, (ANY, PAGE_SIZE, MLA_TOKEN_BYTES), True),)
+        else:
+            self._caches = (("ckv_cache", torch.bfloat16, (ANY, PAGE_SIZE, MLA_CKV_DIM), False),
+                            ("kpe_cache", torch.bfloat16, (ANY, PAGE_SIZE, MLA_KPE_DIM), False))
+
+    def __repr__(self) -> str:
+        return (f"DecodeStep(batch={self.batch}, max_context={self.max_context}, heads={self.heads}, "
+                f"kv_format={self.kv_format!r}, next_n={self.next_n}, topk={self.topk}, "
+                f"index_heads={self.index_heads}, lse_base_e={self.lse_base_e}, device={str(self.device)!r})")
+
+    def _check(self, name: str, t, dtype: torch.dtype, shape: tuple, contiguous: bool) -> None:
+        """dtype, shape, device, and layout: the whole tensor contiguous, or its last dimension."""
+        if not isinstance(t, torch.Tensor):
+            _fail(f"{name} must be a tensor, got {type(t).__name__}")
+        if t.dtype != dtype or t.device != self.device or t.dim() != len(shape) \
+                or any(s is not ANY and s != n for s, n in zip(shape, t.shape)):
+            want = f"{str(dtype).removeprefix('torch.')} {['*' if s is ANY else s for s in shape]} on {self.device}"
+            _fail(f"{name} must be {want}, got {_describe(t)}")
+        if contiguous and not t.is_contiguous():
+            _fail(f"{name} must be contiguous, got strides {t.stride()}")
+        if not contiguous and t.stride(-1) != 1:
+            _fail(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
+
+    def check_inputs(self, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, q_nope, q_pe, sm_scale,
+                     kv_cache=None, ckv_cache=None, kpe_cache=None, attn_sink=None) -> None:
+        """The per-call checks (__call__ runs them): a KernelInputError naming the first bad argument."""
+        given = {"q_index_fp8": q_index_fp8, "k_index_cache_fp8": k_index_cache_fp8, "weights": weights,
+                 "seq_lens": seq_lens, "block_table": block_table, "q_nope": q_nope, "q_pe": q_pe,
+                 "kv_cache": kv_cache, "ckv_cache": ckv_cache, "kpe_cache": kpe_cache}
+        for name, dtype, shape, contiguous in self._index_inputs + self._queries + self._caches:
+            if given[name] is None:
+                _fail(f"{name} is required (kv_format {self.kv_format!r})")
+            self._check(name, given[name], dtype, shape, contiguous)
+        for name in ("kv_cache",) if self.kv_format == "bf16" else ("ckv_cache", "kpe_cache"):
+            if given[name] is not None:
+                _fail(f"{name} is not an input of a step with kv_format {self.kv_format!r}")
+        if self.kv_format == "bf16" and kpe_cache.shape[0] != ckv_cache.shape[0]:
+            _fail(f"kpe_cache has {kpe_cache.shape[0]} pages, ckv_cache {ckv_cache.shape[0]}: a token id must "
+                  f"name a row of both")
+        if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
+            _fail(f"sm_scale must be a real number, got {sm_scale!r}")
+        if attn_sink is not None:
+            self._check("attn_sink", attn_sink, torch.float32, (self.heads,), True)
+
+    def __call__(self, q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor, weights: torch.Tensor,
+                 seq_lens: torch.Tensor, block_table: torch.Tensor, q_nope: torch.Tensor, q_pe: torch.Tensor,
+                 sm_scale: float, *, kv_cache: torch.Tensor | None = None, ckv_cache: torch.Tensor | None = None,
+                 kpe_cache: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the step; returns the step's (output, lse) buffers (module docstring)."""
+        self.check_inputs(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, q_nope, q_pe, sm_scale,
+                          kv_cache, ckv_cache, kpe_cache, attn_sink)
+        ops.indexer_topk_out(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, self.topk_indices)
+        ops.sparse_mla_decode_out(q_nope, q_pe, self._sparse_indices, sm_scale, self.output, self.lse,
+                                  kv_cache=kv_cache, ckv_cache=ckv_cache, kpe_cache=kpe_cache, attn_sink=attn_sink,
+                                  lse_base_e=self.lse_base_e)
+        return self.output, self.lse
