@@ -283,6 +283,24 @@ def test_torch_baseline_matches_reference(suffix):
     _assert_matches_reference(definition, inputs, outputs)
 
 
+@pytest.mark.parametrize("suffix", ["", "_fp8kv"])
+def test_torch_baseline_reads_ids_outside_the_cache_as_padding(suffix):
+    """Ids past the cache or negative ones other than -1 are masked like -1 (the reference's meaning), not
+    gathered out of bounds."""
+    definition = _definition(16, 128, suffix)
+    inputs = _inputs(definition, 3, 4, "cpu", seed=5, pattern="scattered", valid=(1, 64, 128))
+    hostile = dict(inputs, sparse_indices=inputs["sparse_indices"].clone())
+    hostile["sparse_indices"][0, 0] = 4 * 64 + 7
+    hostile["sparse_indices"][2, 5] = -9
+    masked = dict(inputs, sparse_indices=torch.where((hostile["sparse_indices"] < 0)
+                                                     | (hostile["sparse_indices"] >= 4 * 64), -1,
+                                                     hostile["sparse_indices"]))
+    entry = entries.make_entry(torch_baseline.sparse_mla_attention, "torch_sparse_attention",
+                               entries.Variant(**_flags(suffix)))
+    got, want = _run(entry, definition, hostile), _run(entry, definition, masked)
+    assert all(torch.equal(got[k], want[k]) for k in got)
+
+
 def _flags(suffix: str) -> dict:
     return {"fp8kv": "_fp8kv" in suffix, "lse_e": "_lsee" in suffix, "topk_length": "_topklen" in suffix,
             "sink": "_sink" in suffix}

@@ -396,7 +396,6 @@ def _triton_at_least(major: int, minor: int) -> bool:
     return tuple(int(x) for x in triton.__version__.split(".")[:2]) >= (major, minor)
 
 
-@pytest.mark.slow
 @needs_nvcc
 def test_every_shipped_kernel_builds_for_sm90a_and_sm100a_and_only_known_configs_spill(tmp_path):
     import json

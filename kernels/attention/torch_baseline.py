@@ -23,7 +23,8 @@ def sparse_mla_attention(
     lse_base_e: bool = False,
 ) -> None:
     topk = sparse_indices.shape[1]
-    valid = sparse_indices >= 0
+    cache = kv_cache if kv_cache is not None else ckv_cache
+    valid = (sparse_indices >= 0) & (sparse_indices < cache.shape[0] * cache.shape[1])  # outside the cache: as -1
     if topk_length is not None:
         valid &= torch.arange(topk, device=valid.device)[None, :] < topk_length[:, None]
     ids = torch.where(valid, sparse_indices, 0).long()  # [T, topk]
