@@ -32,7 +32,7 @@ MMA_CAPABILITY = (9, 0)  # where it was measured against the Triton kernel (it r
 MMA_HEADS = (16, 32)
 # The fewest query tokens the small-head kernel serves, per head count: H200, FP8 KV, topk 2048, full
 # rows; at 16 heads 19.1 us against the Triton kernel's 21.0 at 8 tokens (12.8 against 9.4 at 1), at 32
-# heads 54.0 against 82.5 at 32 tokens (31.5 against 27.3 at 8).
+# heads 54.0 against 82.5 at 32 tokens (31.5 against 27.3 at 8; 16 tokens, between the two, not measured).
 MMA_MIN_TOKENS = {16: 8, 32: 16}
 
 
