@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 import shutil
 import subprocess
@@ -79,6 +80,31 @@ def _nvml_clocks(index: int) -> dict:
         return {}
     finally:
         pynvml.nvmlShutdown()
+
+
+def driver_gpu_count() -> int:
+    """CUDA devices the driver reports (libcuda through ctypes: milliseconds, no torch); 0 without a driver."""
+    import ctypes
+
+    try:
+        cuda = ctypes.CDLL("libcuda.so.1")
+    except OSError:
+        return 0
+    count = ctypes.c_int(0)
+    if cuda.cuInit(0) != 0 or cuda.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return 0
+    return count.value
+
+
+@functools.lru_cache(maxsize=None)
+def has_cuda_gpu() -> bool:
+    """Whether torch can use a CUDA GPU here. The driver is asked first, so a machine without one (CI, a
+    laptop) answers without importing torch."""
+    if driver_gpu_count() == 0:
+        return False
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def gpus() -> tuple[list[GpuInfo], str | None]:

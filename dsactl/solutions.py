@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from typing import Callable
 
+from dsactl.device import has_cuda_gpu
 from dsactl.errors import DsactlError
 from dsactl.kernels.attention import dispatch
 from dsactl.kernels.errors import KernelError
@@ -48,13 +49,15 @@ class Solution:
 
     def availability(self) -> tuple[bool, str]:
         """Whether it can run on this machine, and why not."""
-        import torch
-
-        if self.needs_gpu and not torch.cuda.is_available():
+        if self.needs_gpu and not has_cuda_gpu():
             return False, "needs a CUDA GPU"
-        if self.capability is not None and torch.cuda.get_device_capability() != self.capability:
-            have = "{}.{}".format(*torch.cuda.get_device_capability())
-            return False, f"runs on compute capability {self.capability[0]}.{self.capability[1]} only (this GPU: {have})"
+        if self.capability is not None:
+            import torch
+
+            have = tuple(torch.cuda.get_device_capability())
+            if have != self.capability:
+                return False, (f"runs on compute capability {self.capability[0]}.{self.capability[1]} only "
+                               f"(this GPU: {have[0]}.{have[1]})")
         if self.cuda_libs:
             from dsactl.kernels.cuda_library import load_library
 
@@ -64,6 +67,22 @@ class Solution:
                 except KernelError as e:
                     return False, str(e)
         return True, "ok"
+
+
+def interpretable(s: Solution) -> bool:
+    """A pure-Triton solution runs on the CPU under the Triton interpreter when there is no GPU
+    (verify turns the interpreter on then); one that loads a CUDA library from `dsactl build` cannot."""
+    return s.language == "triton" and not s.cuda_libs and not has_cuda_gpu()
+
+
+def runs_here(s: Solution) -> tuple[str, str]:
+    """Where `dsactl verify` runs it on this machine: ("yes" | "interpreted" | "no", why)."""
+    ok, reason = s.availability()
+    if ok:
+        return "yes", ""
+    if interpretable(s):
+        return "interpreted", f"{reason}; verify --quick interprets it"
+    return "no", reason
 
 
 # Name suffixes of the sparse attention variants (dsactl/definitions/attention.py); each has its entry.

@@ -10,11 +10,12 @@ sensitive. The cache is int8 [num_pages, 64, 656].
 
 Scales are absmax / 448 (448 is the largest finite e4m3 value), so the largest
 magnitude maps to the top of the e4m3 range.
+
+The functions import torch where they run, so that reading the layouts (the definitions, a catalog)
+imports no torch.
 """
 
 from __future__ import annotations
-
-import torch
 
 PAGE_SIZE = 64
 INDEX_HEAD_DIM = 128
@@ -40,6 +41,8 @@ def _scale(absmax: torch.Tensor) -> torch.Tensor:
 
 def quantize_index_k(k: torch.Tensor) -> torch.Tensor:
     """k: float [num_pages, 64, 128] -> int8 cache [num_pages, 64, 1, 132]."""
+    import torch
+
     if k.dim() != 3 or k.shape[1:] != (PAGE_SIZE, INDEX_HEAD_DIM):
         raise ValueError(f"k must be [num_pages, {PAGE_SIZE}, {INDEX_HEAD_DIM}], got {list(k.shape)}")
     k = k.float()
@@ -54,6 +57,8 @@ def quantize_index_k(k: torch.Tensor) -> torch.Tensor:
 
 def index_k_fp8_and_scales(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 cache [P, 64, 1, 132] -> (e4m3 [P, 64, 128], fp32 scales [P, 64])."""
+    import torch
+
     num_pages = cache.shape[0]
     raw = cache.view(torch.uint8).reshape(num_pages, INDEX_PAGE_BYTES)
     fp8 = raw[:, :INDEX_SCALE_OFFSET].contiguous().view(torch.float8_e4m3fn)
@@ -69,6 +74,8 @@ def dequantize_index_k(cache: torch.Tensor) -> torch.Tensor:
 
 def quantize_mla_kv(ckv: torch.Tensor, kpe: torch.Tensor) -> torch.Tensor:
     """ckv [..., 512], kpe [..., 64] -> int8 [..., 656] in the FP8 MLA token layout."""
+    import torch
+
     if ckv.shape[-1] != MLA_CKV_DIM or kpe.shape[-1] != MLA_KPE_DIM or ckv.shape[:-1] != kpe.shape[:-1]:
         raise ValueError(f"ckv [..., 512] and kpe [..., 64] expected, got {list(ckv.shape)}, {list(kpe.shape)}")
     lead = ckv.shape[:-1]
@@ -84,6 +91,8 @@ def quantize_mla_kv(ckv: torch.Tensor, kpe: torch.Tensor) -> torch.Tensor:
 
 def dequantize_mla_kv(cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """int8 [..., 656] -> (ckv float32 [..., 512], kpe float32 [..., 64])."""
+    import torch
+
     raw = cache.view(torch.uint8)
     lead = raw.shape[:-1]
     fp8 = raw[..., :MLA_SCALE_OFFSET].contiguous().view(torch.float8_e4m3fn)

@@ -26,11 +26,9 @@ def register(app: typer.Typer) -> None:
                                 ((d.name, next(t for t in d.tags if t.startswith("stage:"))[6:], d.description)
                                  for d in defs)))
         if what in ("solutions", "all"):
-            from dsactl.verify.runner import runs_here
-
             console.print(table("solutions", ["name", "language", "serves", "runs here", "description"],
                                 ((s.name, s.language, " ".join(s.definitions),
-                                  ": ".join(filter(None, runs_here(s))), s.description)
+                                  ": ".join(filter(None, solutions.runs_here(s))), s.description)
                                  for s in solutions.SOLUTIONS)))
             console.print(table("attention dispatch (which kernel the dsactl-attention entries run)",
                                 ["implementation", "source", "GPUs", "heads", "serves"],

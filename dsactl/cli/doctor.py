@@ -29,7 +29,7 @@ def register(app: typer.Typer) -> None:
                             ((t.name, t.version or "[red]missing[/red]", t.detail) for t in info.tools)))
         archs = ", ".join(a.removeprefix("compute_") for a in info.nvcc_archs) or "none (no nvcc)"
         console.print(f"nvcc can target: {archs}")
-        avail = [(s.name, *runner.runs_here(s)) for s in solutions.SOLUTIONS]
+        avail = [(s.name, *solutions.runs_here(s)) for s in solutions.SOLUTIONS]
         console.print(table("solutions on this machine", ["solution", "runs here", "why"], avail))
         if any(runs == "interpreted" for _, runs, _ in avail):
             console.print("interpreted: `dsactl verify` runs these on the CPU under the Triton interpreter "

@@ -14,8 +14,6 @@ from __future__ import annotations
 import math
 import re
 
-import torch
-
 from dsactl.definitions.base import Definition, TensorSpec
 from dsactl.fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_TOKEN_BYTES, PAGE_SIZE, dequantize_mla_kv
 
@@ -35,6 +33,8 @@ def reference(q_nope, q_pe, sparse_indices, sm_scale, ckv_cache=None, kpe_cache=
     `lse_base`. A token with no valid index gives out 0 and lse -inf. Bad values are
     masked, as the kernels mask them: an index outside [0, cache tokens) counts as -1,
     and topk_length is clamped to [0, topk]."""
+    import torch
+
     num_tokens, num_heads, _ = q_nope.shape
     if kv_cache is not None:
         ckv_flat, kpe_flat = dequantize_mla_kv(kv_cache.reshape(-1, MLA_TOKEN_BYTES))

@@ -11,20 +11,11 @@ import inspect
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-import torch
-
 from dsactl.errors import DsactlError
 
-DTYPES: dict[str, torch.dtype] = {
-    "float32": torch.float32,
-    "float16": torch.float16,
-    "bfloat16": torch.bfloat16,
-    "float8_e4m3fn": torch.float8_e4m3fn,
-    "int64": torch.int64,
-    "int32": torch.int32,
-    "int8": torch.int8,
-    "uint8": torch.uint8,
-}
+# The dtypes a TensorSpec may name: torch's attribute names (torch is imported only where a tensor is
+# made or checked, so that listing definitions imports no torch).
+DTYPES = ("float32", "float16", "bfloat16", "float8_e4m3fn", "int64", "int32", "int8", "uint8")
 
 
 @dataclass(frozen=True)
@@ -36,7 +27,13 @@ class TensorSpec:
 
     @property
     def torch_dtype(self) -> torch.dtype:
-        return DTYPES[self.dtype]
+        import torch
+
+        return getattr(torch, self.dtype)
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise DsactlError(f"{self.name}: unknown dtype {self.dtype!r} (one of {', '.join(DTYPES)})")
 
     @property
     def is_scalar(self) -> bool:
@@ -74,6 +71,8 @@ class Definition:
 
     def axis_values(self, tensors: Mapping[str, Any]) -> dict[str, int]:
         """Resolve every axis from the given tensors; inconsistent sizes raise."""
+        import torch
+
         values = dict(self.const_axes)
         source = {axis: "the definition" for axis in values}  # where each axis's size was read
         for spec in self.inputs + self.outputs:
@@ -104,6 +103,8 @@ class Definition:
 
     def check_inputs(self, tensors: Mapping[str, Any], with_outputs: bool = False) -> dict[str, int]:
         """Check presence, dtype and shape of inputs (and outputs); return the axes."""
+        import torch
+
         specs = self.inputs + (self.outputs if with_outputs else ())
         for spec in specs:
             if spec.name not in tensors:
@@ -128,10 +129,14 @@ class Definition:
 
     def allocate_outputs(self, axes: Mapping[str, int], device: torch.device | str) -> dict[str, torch.Tensor]:
         """Outputs as a harness allocates them: torch.empty, never pre-zeroed."""
+        import torch
+
         shapes = self.output_shapes(axes)
         return {o.name: torch.empty(shapes[o.name], dtype=o.torch_dtype, device=device) for o in self.outputs}
 
     def run_reference(self, inputs: Mapping[str, Any]) -> dict[str, torch.Tensor]:
+        import torch
+
         out = self.reference(**{n: inputs[n] for n in self.input_names}, **self.params_for_reference())
         if isinstance(out, torch.Tensor):
             out = (out,)

@@ -11,8 +11,6 @@ from __future__ import annotations
 import math
 import re
 
-import torch
-
 from dsactl.definitions.base import Definition, TensorSpec
 from dsactl.definitions.topk import rank_key
 from dsactl.fp8 import INDEX_HEAD_DIM, PAGE_SIZE, dequantize_index_k
@@ -28,6 +26,8 @@ def reference(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, to
     physical ids, pad with -1. Bad values are masked, as the kernels mask them: a
     row sees at most max_num_pages * 64 tokens; a token whose page id is outside
     [0, num_pages) scores -inf and, if chosen, gives -1."""
+    import torch
+
     batch_size, heads = q_index_fp8.shape[0], q_index_fp8.shape[-2]
     q = q_index_fp8.float().reshape(batch_size, next_n, heads, INDEX_HEAD_DIM)
     w = weights.float().reshape(batch_size, next_n, heads)

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import re
 
-import torch
-
 from dsactl.definitions.base import Definition, TensorSpec
 from dsactl.fp8 import PAGE_SIZE
 
@@ -32,6 +30,8 @@ NAME_RE = re.compile(r"^dsa_topk_page_transform_topk(\d+)_ps64(_bf16)?$")
 def rank_key(scores: torch.Tensor) -> torch.Tensor:
     """float64 keys whose order is the contract's order: -inf becomes the lowest
     finite double so that NaN, mapped to -inf, ranks below it."""
+    import torch
+
     key = scores.double()
     key = torch.where(key == float("-inf"), torch.finfo(torch.float64).min, key)
     return torch.where(torch.isnan(key), float("-inf"), key)
@@ -41,6 +41,8 @@ def reference(scores, lengths, block_table, row_to_batch, topk=2048):
     """Per row: top min(topk, length) of the valid scores by rank_key, translated
     through the row's request's block table, -1 padded; bad values masked as the
     module docstring says."""
+    import torch
+
     num_rows, max_len = scores.shape
     batch_size, max_num_pages = block_table.shape
     max_pages = 2**25  # page ids whose token ids fit int32

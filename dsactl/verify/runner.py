@@ -26,7 +26,7 @@ import torch
 from dsactl import harness
 from dsactl.definitions import get
 from dsactl.errors import DsactlError
-from dsactl.solutions import Solution
+from dsactl.solutions import Solution, interpretable
 from dsactl.verify import repro, rules
 from dsactl.workloads import Workload
 
@@ -72,22 +72,6 @@ class Candidate:
 
     def load(self) -> Callable:
         return self.fn if self.solution is None else self.solution.load()
-
-
-def interpretable(s: Solution) -> bool:
-    """A pure-Triton solution runs on the CPU under the Triton interpreter when there is no GPU
-    (verify turns the interpreter on then); one that loads a CUDA library from `dsactl build` cannot."""
-    return s.language == "triton" and not s.cuda_libs and not torch.cuda.is_available()
-
-
-def runs_here(s: Solution) -> tuple[str, str]:
-    """Where `dsactl verify` runs it on this machine: ("yes" | "interpreted" | "no", why)."""
-    ok, reason = s.availability()
-    if ok:
-        return "yes", ""
-    if interpretable(s):
-        return "interpreted", f"{reason}; verify --quick interprets it"
-    return "no", reason
 
 
 def candidate(obj: Solution | Callable | Candidate, selector: Sequence[str] | None = None) -> Candidate:

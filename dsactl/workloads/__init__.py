@@ -4,19 +4,29 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from dsactl.workloads.dataset import load_dataset, make_dataset_inputs
-from dsactl.workloads.generate import make_generated_inputs
 from dsactl.workloads.suites import SUITES, suite
 from dsactl.workloads.workload import Workload
 
 __all__ = ["Workload", "SUITES", "suite", "load_dataset", "make_inputs", "select"]
 
 
+# The suites are plain data; making inputs and reading datasets import torch, on first use.
 def make_inputs(workload: Workload, device="cuda", seed: int = 0) -> dict[str, Any]:
     """Fresh inputs for one call: tensors on `device`, scalars as Python floats."""
     if "inputs" in workload.params:
+        from dsactl.workloads.dataset import make_dataset_inputs
+
         return make_dataset_inputs(workload, device, seed)
+    from dsactl.workloads.generate import make_generated_inputs
+
     return make_generated_inputs(workload, device, seed)
+
+
+def load_dataset(path) -> list[Workload]:
+    """The workloads of a flashinfer-bench dataset folder (dataset.load_dataset)."""
+    from dsactl.workloads import dataset
+
+    return dataset.load_dataset(path)
 
 
 def select(suite_name: str | None = None, dataset: str | None = None, definition: str | None = None,
