@@ -16,6 +16,7 @@ import sys
 
 import pytest
 import torch
+from attention_cases import assert_matches_reference, case_inputs, definition_name, poisoned_outputs
 
 from dsactl import solutions
 from dsactl.definitions import get
@@ -24,35 +25,17 @@ from dsactl.harness import poison
 from dsactl.kernels.attention import entries, solution, torch_baseline, triton_entries
 from dsactl.kernels.attention import triton_sparse_mla as tsm
 from dsactl.verify.rules import check
-from dsactl.workloads import Workload, make_inputs, suite
+from dsactl.workloads import make_inputs, suite
 
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
-BASE = "dsa_sparse_attention_h{heads}_ckv512_kpe64_topk{topk}_ps64"
 CONTEST_SM_SCALE = 0.1352337788608801
-
-
-def _definition(heads: int, topk: int, suffix: str = "") -> str:
-    return BASE.format(heads=heads, topk=topk) + suffix
-
-
-def _inputs(definition: str, num_tokens: int, num_pages: int, device, seed: int = 0, **params):
-    w = Workload(f"test-{definition}-{num_tokens}", definition, "test", "test",
-                 {"num_tokens": num_tokens, "num_pages": num_pages}, params)
-    return make_inputs(w, device, seed)
 
 
 def _run(fn, definition: str, inputs: dict, **kwargs) -> dict:
     """Call fn in destination-passing style on poisoned outputs; return the outputs."""
-    d = get(definition)
-    outputs = d.allocate_outputs(d.check_inputs(inputs), inputs["q_nope"].device)
-    poison(outputs)
-    fn(*[{**inputs, **outputs}[name] for name in d.signature], **kwargs)
+    outputs = poisoned_outputs(definition, inputs)
+    fn(*[{**inputs, **outputs}[name] for name in get(definition).signature], **kwargs)
     return outputs
-
-
-def _assert_matches_reference(definition: str, inputs: dict, outputs: dict) -> None:
-    verdict = check(get(definition), inputs, outputs)
-    assert verdict.passed, "\n".join(verdict.problems)
 
 
 def _launcher_kwargs(definition: str, num_splits: int | None):
@@ -70,29 +53,30 @@ def _launcher_kwargs(definition: str, num_splits: int | None):
 
 INTERPRETER_CASES = {
     # name: (definition, num_tokens, num_pages, generator params, num_splits (None: the formula))
-    "combine": (_definition(16, 128), 2, 4, {}, None),
-    "one_split": (_definition(16, 128), 2, 4, {}, 1),
-    "fp8kv_prefetch": (_definition(16, 128, "_fp8kv"), 2, 4, {}, 3),
-    "fp8kv_64_heads": (_definition(64, 64, "_fp8kv"), 1, 2, {}, 1),
-    "fp8kv_64_heads_every_option": (_definition(64, 128, "_fp8kv_lsee_topklen_sink"), 2, 4,
+    "combine": (definition_name(16, 128), 2, 4, {}, None),
+    "one_split": (definition_name(16, 128), 2, 4, {}, 1),
+    "fp8kv_prefetch": (definition_name(16, 128, "_fp8kv"), 2, 4, {}, 3),
+    "fp8kv_64_heads": (definition_name(64, 64, "_fp8kv"), 1, 2, {}, 1),
+    "fp8kv_64_heads_every_option": (definition_name(64, 128, "_fp8kv_lsee_topklen_sink"), 2, 4,
                                     {"pattern": "scattered", "valid": (128, 9)}, 3),
-    "lsee_sink": (_definition(16, 128, "_lsee_sink"), 2, 4, {}, 2),
-    "topklen_scattered": (_definition(16, 192, "_topklen"), 3, 4, {"pattern": "scattered", "valid": (1, 100, 150)}, 5),
-    "empty_rows_combine": (_definition(16, 128), 3, 4, {"pattern": "empty"}, 2),
-    "empty_rows_sink": (_definition(16, 128, "_fp8kv_lsee_sink"), 2, 4, {"pattern": "empty"}, 1),
-    "tail_front_valid": (_definition(16, 256), 2, 8, {"pattern": "tail", "valid": (3, 70)}, 4),
-    "duplicates_32_heads": (_definition(32, 128), 2, 4, {"pattern": "duplicates"}, 4),
+    "lsee_sink": (definition_name(16, 128, "_lsee_sink"), 2, 4, {}, 2),
+    "topklen_scattered": (definition_name(16, 192, "_topklen"), 3, 4,
+                          {"pattern": "scattered", "valid": (1, 100, 150)}, 5),
+    "empty_rows_combine": (definition_name(16, 128), 3, 4, {"pattern": "empty"}, 2),
+    "empty_rows_sink": (definition_name(16, 128, "_fp8kv_lsee_sink"), 2, 4, {"pattern": "empty"}, 1),
+    "tail_front_valid": (definition_name(16, 256), 2, 8, {"pattern": "tail", "valid": (3, 70)}, 4),
+    "duplicates_32_heads": (definition_name(32, 128), 2, 4, {"pattern": "duplicates"}, 4),
     # More split counts (odd ones, up to MAX_SPLITS) at 16 to 128 heads, bf16 and FP8 KV.
-    "splits_7_fp8kv": (_definition(16, 128, "_fp8kv_sink"), 2, 4, {"pattern": "scattered", "valid": (128, 9)}, 7),
-    "splits_13_64_heads": (_definition(64, 64, "_lsee"), 1, 2, {}, 13),
-    "splits_32_tail": (_definition(16, 128, "_topklen"), 2, 4, {"pattern": "tail", "valid": (40, 128)}, 32),
-    "splits_64_tail": (_definition(16, 128, "_topklen"), 2, 4, {"pattern": "tail", "valid": (40, 128)}, 64),
-    "splits_32_64_heads_fp8kv": (_definition(128, 64, "_fp8kv"), 1, 2, {}, 32),
-    "splits_20_32_heads": (_definition(32, 64), 1, 2, {"pattern": "duplicates"}, 20),
+    "splits_7_fp8kv": (definition_name(16, 128, "_fp8kv_sink"), 2, 4, {"pattern": "scattered", "valid": (128, 9)}, 7),
+    "splits_13_64_heads": (definition_name(64, 64, "_lsee"), 1, 2, {}, 13),
+    "splits_32_tail": (definition_name(16, 128, "_topklen"), 2, 4, {"pattern": "tail", "valid": (40, 128)}, 32),
+    "splits_64_tail": (definition_name(16, 128, "_topklen"), 2, 4, {"pattern": "tail", "valid": (40, 128)}, 64),
+    "splits_32_64_heads_fp8kv": (definition_name(128, 64, "_fp8kv"), 1, 2, {}, 32),
+    "splits_20_32_heads": (definition_name(32, 64), 1, 2, {"pattern": "duplicates"}, 20),
     # A split's share exactly fills its ids (ROW_PAD 256): the FP8 kernel's prefetch past the last tile
     # and the pipeliner's gathers past the loop read clamped positions of valid ids.
-    "share_fills_ids_fp8kv": (_definition(16, 256, "_fp8kv"), 1, 4, {}, 1),
-    "share_fills_ids_64_heads": (_definition(64, 256, "_lsee"), 1, 4, {"pattern": "scattered"}, 1),
+    "share_fills_ids_fp8kv": (definition_name(16, 256, "_fp8kv"), 1, 4, {}, 1),
+    "share_fills_ids_64_heads": (definition_name(64, 256, "_lsee"), 1, 4, {"pattern": "scattered"}, 1),
 }
 
 
@@ -100,9 +84,9 @@ INTERPRETER_CASES = {
 @pytest.mark.parametrize("case", list(INTERPRETER_CASES))
 def test_interpreted_kernel_matches_reference(case):
     definition, num_tokens, num_pages, params, num_splits = INTERPRETER_CASES[case]
-    inputs = _inputs(definition, num_tokens, num_pages, "cpu", seed=len(case), **params)
+    inputs = case_inputs(definition, num_tokens, num_pages, "cpu", seed=len(case), **params)
     outputs = _run(_launcher_kwargs(definition, num_splits), definition, inputs)
-    _assert_matches_reference(definition, inputs, outputs)
+    assert_matches_reference(definition, inputs, outputs)
     if params.get("pattern") == "empty":
         assert bool((outputs["output"] == 0).all()) and bool((outputs["lse"] == float("-inf")).all())
 
@@ -125,11 +109,11 @@ def plant_out_of_range_ids(inputs: dict) -> tuple[dict, dict, int]:
 OUT_OF_RANGE_CASES = {
     # name: (definition, num_tokens, num_pages, num_splits): every split kernel, one and several splits,
     # and two head groups (128 heads) that must count an id once.
-    "bf16_one_split": (_definition(16, 128), 2, 4, 1),
-    "bf16_splits": (_definition(16, 128, "_lsee_sink"), 2, 4, 3),
-    "bf16_128_heads": (_definition(128, 64), 2, 2, 2),
-    "fp8kv_prefetch": (_definition(16, 128, "_fp8kv"), 2, 4, 3),
-    "fp8kv_64_heads": (_definition(64, 64, "_fp8kv"), 2, 2, 1),
+    "bf16_one_split": (definition_name(16, 128), 2, 4, 1),
+    "bf16_splits": (definition_name(16, 128, "_lsee_sink"), 2, 4, 3),
+    "bf16_128_heads": (definition_name(128, 64), 2, 2, 2),
+    "fp8kv_prefetch": (definition_name(16, 128, "_fp8kv"), 2, 4, 3),
+    "fp8kv_64_heads": (definition_name(64, 64, "_fp8kv"), 2, 2, 1),
 }
 
 
@@ -141,7 +125,7 @@ def check_out_of_range_ids(definition: str, inputs: dict, launcher, counts) -> N
     count, reset = counts
     reset(device)
     outputs = _run(launcher, definition, bad)
-    _assert_matches_reference(definition, replaced, outputs)
+    assert_matches_reference(definition, replaced, outputs)
     assert count(device) == planted
     with pytest.raises(KernelError, match=r"sparse_indices\[0, 1\] = 50000000 is outside \[0, "):
         _run(launcher, definition, bad, check=True)
@@ -152,23 +136,23 @@ def check_out_of_range_ids(definition: str, inputs: dict, launcher, counts) -> N
 @pytest.mark.parametrize("case", list(OUT_OF_RANGE_CASES))
 def test_interpreted_ids_outside_the_cache_are_masked_and_counted(case):
     definition, num_tokens, num_pages, num_splits = OUT_OF_RANGE_CASES[case]
-    inputs = _inputs(definition, num_tokens, num_pages, "cpu", seed=len(case), pattern="scattered")
+    inputs = case_inputs(definition, num_tokens, num_pages, "cpu", seed=len(case), pattern="scattered")
     check_out_of_range_ids(definition, inputs, _launcher_kwargs(definition, num_splits),
                            (tsm.bad_index_count, tsm.reset_bad_index_count))
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
 def test_interpreted_check_env_refuses_ids_outside_the_cache(monkeypatch):
-    definition = _definition(16, 64)
-    bad, _, _ = plant_out_of_range_ids(_inputs(definition, 2, 1, "cpu"))
+    definition = definition_name(16, 64)
+    bad, _, _ = plant_out_of_range_ids(case_inputs(definition, 2, 1, "cpu"))
     monkeypatch.setenv("DSACTL_CHECK", "1")
     with pytest.raises(KernelError, match=r"sparse_indices\[0, 1\]"):
         _run(_launcher_kwargs(definition, None), definition, bad)
-    with_topk_length = _definition(16, 64, "_topklen")
-    bad, replaced, _ = plant_out_of_range_ids(_inputs(with_topk_length, 2, 1, "cpu"))
+    with_topk_length = definition_name(16, 64, "_topklen")
+    bad, replaced, _ = plant_out_of_range_ids(case_inputs(with_topk_length, 2, 1, "cpu"))
     bad["topk_length"] = replaced["topk_length"] = torch.tensor([1, 2], dtype=torch.int32)
     outputs = _run(_launcher_kwargs(with_topk_length, None), with_topk_length, bad)  # past the lengths: unread
-    _assert_matches_reference(with_topk_length, replaced, outputs)
+    assert_matches_reference(with_topk_length, replaced, outputs)
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
@@ -177,10 +161,10 @@ def test_interpreted_16_head_configurations_match_reference(cfg, monkeypatch):
     """Every tile a 16-head bf16 launch can pick (the one-tile one even where this Triton would not
     pick it), over several tiles a split."""
     monkeypatch.setattr(tsm, "launch_config", lambda *args: cfg)
-    definition = _definition(16, 512, "_topklen")
-    inputs = _inputs(definition, 2, 16, "cpu", seed=cfg.block_n, pattern="scattered", valid=(500, 300))
+    definition = definition_name(16, 512, "_topklen")
+    inputs = case_inputs(definition, 2, 16, "cpu", seed=cfg.block_n, pattern="scattered", valid=(500, 300))
     outputs = _run(_launcher_kwargs(definition, 2), definition, inputs)
-    _assert_matches_reference(definition, inputs, outputs)
+    assert_matches_reference(definition, inputs, outputs)
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
@@ -191,8 +175,8 @@ def test_interpreted_fp16_tiles_keep_values_past_the_fp16_range(scaled):
     from test_attention_hopper import _check_past_fp16, _scaled_past_fp16
 
     assert tsm.config(64, True).f16
-    definition = _definition(64, 128, "_fp8kv")
-    base = _inputs(definition, 2, 4, "cpu", seed=11, pattern="scattered", valid=(128, 9))
+    definition = definition_name(64, 128, "_fp8kv")
+    base = case_inputs(definition, 2, 4, "cpu", seed=11, pattern="scattered", valid=(128, 9))
     inputs, factor = _scaled_past_fp16(base, scaled)
     _check_past_fp16(definition, base, inputs, factor, _run(_launcher_kwargs(definition, 2), definition, inputs))
 
@@ -255,9 +239,9 @@ def test_interpreted_kernel_reads_strided_views():
     idx[1, ::3] = -1
     inputs = {"q_nope": q[..., :512], "q_pe": q[..., 512:], "ckv_cache": cache[..., :512],
               "kpe_cache": cache[..., 512:], "sparse_indices": idx, "sm_scale": CONTEST_SM_SCALE}
-    definition = _definition(16, 128)
+    definition = definition_name(16, 128)
     outputs = _run(_launcher_kwargs(definition, 3), definition, inputs)
-    _assert_matches_reference(definition, inputs, outputs)
+    assert_matches_reference(definition, inputs, outputs)
 
 
 @pytest.mark.skipif(INTERPRETING, reason="the interpreter cases run in this process")
@@ -275,20 +259,20 @@ def test_kernel_under_interpreter():
 
 @pytest.mark.parametrize("suffix", ["", "_fp8kv_lsee", "_topklen_sink", "_fp8kv_lsee_topklen_sink"])
 def test_torch_baseline_matches_reference(suffix):
-    definition = _definition(16, 128, suffix)
-    inputs = _inputs(definition, 4, 4, "cpu", seed=3, pattern="scattered", valid=(0, 1, 64, 128))
+    definition = definition_name(16, 128, suffix)
+    inputs = case_inputs(definition, 4, 4, "cpu", seed=3, pattern="scattered", valid=(0, 1, 64, 128))
     entry = entries.make_entry(torch_baseline.sparse_mla_attention, "torch_sparse_attention",
                                entries.Variant(**_flags(suffix)))
     outputs = _run(entry, definition, inputs)
-    _assert_matches_reference(definition, inputs, outputs)
+    assert_matches_reference(definition, inputs, outputs)
 
 
 @pytest.mark.parametrize("suffix", ["", "_fp8kv"])
 def test_torch_baseline_reads_ids_outside_the_cache_as_padding(suffix):
     """Ids past the cache or negative ones other than -1 are masked like -1 (the reference's meaning), not
     gathered out of bounds."""
-    definition = _definition(16, 128, suffix)
-    inputs = _inputs(definition, 3, 4, "cpu", seed=5, pattern="scattered", valid=(1, 64, 128))
+    definition = definition_name(16, 128, suffix)
+    inputs = case_inputs(definition, 3, 4, "cpu", seed=5, pattern="scattered", valid=(1, 64, 128))
     hostile = dict(inputs, sparse_indices=inputs["sparse_indices"].clone())
     hostile["sparse_indices"][0, 0] = 4 * 64 + 7
     hostile["sparse_indices"][2, 5] = -9
@@ -308,7 +292,7 @@ def _flags(suffix: str) -> dict:
 
 def test_every_variant_has_an_entry_with_its_signature():
     for suffix in solutions.ATTENTION_VARIANTS:
-        definition = get(_definition(64, 2048, suffix))
+        definition = get(definition_name(64, 2048, suffix))
         entry = getattr(solution, "sparse_attention" + suffix)
         assert list(inspect.signature(entry).parameters) == definition.signature
         triton_only = getattr(triton_entries, "sparse_attention" + suffix)
@@ -365,8 +349,8 @@ def test_rows_longer_than_a_split_holds_take_more_splits_or_are_refused():
     with pytest.raises(KernelError, match="topk 4096 in 1 splits leaves 4096 positions a split, over the 2048 "
                                           "a split holds: use at least 2 splits"):
         tsm.row_pad(4096, 1, cfg)
-    definition = _definition(16, 128)
-    inputs = _inputs(definition, 1, 80, "cpu")
+    definition = definition_name(16, 128)
+    inputs = case_inputs(definition, 1, 80, "cpu")
     long_rows = torch.arange(4096, dtype=torch.int32)[None]
     d = get(definition)
     outputs = d.allocate_outputs(d.check_inputs(inputs), "cpu")
@@ -415,8 +399,8 @@ def test_grids_under_one_wave_at_16_heads_take_one_128_token_tile_where_it_build
 
 
 def test_launcher_rejects_malformed_inputs():
-    definition = _definition(16, 128)
-    inputs = _inputs(definition, 2, 4, "cpu")
+    definition = definition_name(16, 128)
+    inputs = case_inputs(definition, 2, 4, "cpu")
     d = get(definition)
     outputs = d.allocate_outputs(d.check_inputs(inputs), "cpu")
     base = {**inputs, **outputs}
@@ -464,9 +448,9 @@ def test_gpu_suites_match_reference(suite_name, impl):
 @pytest.mark.parametrize("heads", tsm.HEADS)
 @pytest.mark.parametrize("suffix", solutions.ATTENTION_VARIANTS)
 def test_gpu_every_variant_matches_reference(heads, suffix, impl):
-    definition = _definition(heads, 2048, suffix)
-    inputs = _inputs(definition, 5, 256, "cuda", seed=heads, pattern="scattered", valid=(0, 1, 700, 2047, 2048))
-    _assert_matches_reference(definition, inputs, _run(IMPLEMENTATIONS[impl](definition), definition, inputs))
+    definition = definition_name(heads, 2048, suffix)
+    inputs = case_inputs(definition, 5, 256, "cuda", seed=heads, pattern="scattered", valid=(0, 1, 700, 2047, 2048))
+    assert_matches_reference(definition, inputs, _run(IMPLEMENTATIONS[impl](definition), definition, inputs))
 
 
 @pytest.mark.gpu
@@ -475,29 +459,29 @@ def test_gpu_every_variant_matches_reference(heads, suffix, impl):
 @pytest.mark.parametrize("topk", [64, 576, 1536])
 @pytest.mark.parametrize("suffix", ["", "_fp8kv"])
 def test_gpu_other_topk_sizes(heads, topk, suffix, impl):
-    definition = _definition(heads, topk, suffix)
-    inputs = _inputs(definition, 3, 64, "cuda", seed=topk, pattern="scattered", valid=(topk, topk // 2, 1))
-    _assert_matches_reference(definition, inputs, _run(IMPLEMENTATIONS[impl](definition), definition, inputs))
+    definition = definition_name(heads, topk, suffix)
+    inputs = case_inputs(definition, 3, 64, "cuda", seed=topk, pattern="scattered", valid=(topk, topk // 2, 1))
+    assert_matches_reference(definition, inputs, _run(IMPLEMENTATIONS[impl](definition), definition, inputs))
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("num_splits", [1, 2, 7, 32, 64])
 @pytest.mark.parametrize("suffix", ["_sink", "_fp8kv_lsee_topklen"])
 def test_gpu_any_split_count_is_exact(num_splits, suffix):
-    definition = _definition(128, 2048, suffix)
-    inputs = _inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="tail", valid=(2048, 5, 0, 1000))
+    definition = definition_name(128, 2048, suffix)
+    inputs = case_inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="tail", valid=(2048, 5, 0, 1000))
     outputs = _run(_launcher_kwargs(definition, num_splits), definition, inputs)
-    _assert_matches_reference(definition, inputs, outputs)
+    assert_matches_reference(definition, inputs, outputs)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("suffix", ["_lsee", "_fp8kv_sink"])
 def test_gpu_grid_far_larger_than_the_gpu_is_exact(suffix):
     """3072 split programs, many waves, and the largest combine."""
-    definition = _definition(128, 2048, suffix)
-    inputs = _inputs(definition, 48, 256, "cuda", seed=11, pattern="scattered", valid=(2048, 1, 0, 1500) * 12)
+    definition = definition_name(128, 2048, suffix)
+    inputs = case_inputs(definition, 48, 256, "cuda", seed=11, pattern="scattered", valid=(2048, 1, 0, 1500) * 12)
     outputs = _run(_launcher_kwargs(definition, 32), definition, inputs)
-    _assert_matches_reference(definition, inputs, outputs)
+    assert_matches_reference(definition, inputs, outputs)
 
 
 @pytest.mark.gpu
@@ -505,8 +489,8 @@ def test_gpu_grid_far_larger_than_the_gpu_is_exact(suffix):
 @pytest.mark.parametrize("suffix", ["", "_fp8kv"])
 @pytest.mark.parametrize("num_splits", [None, 1, 5])
 def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, suffix, num_splits):
-    definition = _definition(heads, 2048, suffix)
-    inputs = _inputs(definition, 4, 64, "cuda", seed=heads, pattern="scattered")
+    definition = definition_name(heads, 2048, suffix)
+    inputs = case_inputs(definition, 4, 64, "cuda", seed=heads, pattern="scattered")
     check_out_of_range_ids(definition, inputs, _launcher_kwargs(definition, num_splits),
                            (tsm.bad_index_count, tsm.reset_bad_index_count))
 
@@ -514,12 +498,12 @@ def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, suffix, num_spl
 @pytest.mark.gpu
 def test_gpu_repeated_calls_are_bitwise_identical():
     """The split partials and their combine are deterministic: a race would move the result."""
-    definition = _definition(16, 2048)
-    inputs = _inputs(definition, 8, 512, "cuda", seed=9)
+    definition = definition_name(16, 2048)
+    inputs = case_inputs(definition, 8, 512, "cuda", seed=9)
     for num_splits in (None, 3, 32):
         fn = _launcher_kwargs(definition, num_splits)
         first = _run(fn, definition, inputs)
-        _assert_matches_reference(definition, inputs, first)
+        assert_matches_reference(definition, inputs, first)
         for _ in range(200):
             again = _run(fn, definition, inputs)
             assert torch.equal(again["output"], first["output"]) and torch.equal(again["lse"], first["lse"])
@@ -531,8 +515,8 @@ def test_gpu_call_is_graph_capturable_and_repeatable():
     partials it captured: a later, larger eager call must not free them under it. A tensor the size of
     the captured partials, allocated right after that call, takes any block it freed (the caching
     allocator fits exactly), so a replay writing freed memory would change it."""
-    definition = _definition(16, 2048)
-    inputs = _inputs(definition, 8, 512, "cuda", seed=5)
+    definition = definition_name(16, 2048)
+    inputs = case_inputs(definition, 8, 512, "cuda", seed=5)
     fn = _gpu_solution(definition)
     eager = _run(fn, definition, inputs)
     d = get(definition)
@@ -547,7 +531,7 @@ def test_gpu_call_is_graph_capturable_and_repeatable():
     assert splits > 1, "the captured call must use split partials"
     # 64 tokens x 64 splits: far more partials than captured (the split formula keeps its grids near
     # 128 programs, so left to it a larger call can need exactly as many).
-    larger = _inputs(definition, 64, 512, "cuda", seed=6)
+    larger = case_inputs(definition, 64, 512, "cuda", seed=6)
     larger_outputs = _run(_launcher_kwargs(definition, tsm.MAX_SPLITS), definition, larger)
     canary = torch.full((8 * splits * 16 * (tsm.MLA_CKV_DIM + 2),), 7.0, device="cuda")  # the captured partials
     for _ in range(100):
@@ -555,7 +539,7 @@ def test_gpu_call_is_graph_capturable_and_repeatable():
     torch.cuda.synchronize()
     assert torch.equal(outputs["output"], eager["output"]) and torch.equal(outputs["lse"], eager["lse"])
     assert bool((canary == 7.0).all()), "a graph replay wrote memory the graph does not own"
-    _assert_matches_reference(definition, larger, larger_outputs)
+    assert_matches_reference(definition, larger, larger_outputs)
 
 
 @pytest.mark.gpu
@@ -566,13 +550,13 @@ def test_gpu_calls_on_concurrent_streams_keep_their_own_partials(suffix, impl, h
     back on its stream, so the other stream's split kernel runs in between: partials shared between
     the calls would hand one call's combine the other's."""
     hold_back(tsm, "combine")  # both launchers call tsm.combine
-    definition = _definition(128, 2048, suffix)
+    definition = definition_name(128, 2048, suffix)
     fn = IMPLEMENTATIONS[impl](definition)
     d = get(definition)
     streams = [torch.cuda.Stream() for _ in range(2)]
     calls = []
     for k, stream in enumerate(streams):
-        inputs = _inputs(definition, 4, 256, "cuda", seed=20 + k, pattern="scattered", valid=(2048, 900, 1, 0))
+        inputs = case_inputs(definition, 4, 256, "cuda", seed=20 + k, pattern="scattered", valid=(2048, 900, 1, 0))
         outputs = d.allocate_outputs(d.check_inputs(inputs), "cuda")
         poison(outputs)
         calls.append((stream, inputs, outputs, [{**inputs, **outputs}[name] for name in d.signature]))
@@ -583,4 +567,4 @@ def test_gpu_calls_on_concurrent_streams_keep_their_own_partials(suffix, impl, h
                 fn(*args)
     torch.cuda.synchronize()
     for _, inputs, outputs, _ in calls:
-        _assert_matches_reference(definition, inputs, outputs)
+        assert_matches_reference(definition, inputs, outputs)

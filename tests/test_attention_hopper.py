@@ -14,29 +14,24 @@ import math
 import re
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import pytest
 import torch
+from attention_cases import (assert_matches_reference, build_library, case_inputs, definition_name,
+                             poisoned_outputs)
 
-from dsactl.build import arch as arch_table
 from dsactl.build import cuda as build_cuda
 from dsactl.build import cuobjdump
-from dsactl.build.pipeline import build_arch
 from dsactl import fp8
 from dsactl.definitions import get
 from dsactl.kernels.errors import KernelError
-from dsactl.harness import poison
 from dsactl.kernels import cuda_library
 from dsactl.kernels.attention import dispatch, hopper_mla
 from dsactl.verify.rules import check
-from dsactl.workloads import Workload, make_inputs
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 on_sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
                              reason="the Hopper kernel runs on compute capability 9.0 only")
-BASE = "dsa_sparse_attention_h{heads}_ckv512_kpe64_topk{topk}_ps64{suffix}"
 SERVED = ("", "_lsee", "_fp8kv", "_fp8kv_lsee")
 SMEM_LIMIT = 227 * 1024  # sm_90's per-block opt-in shared memory
 # ptxas remarks that would make the kernel slow without failing: wgmma serialized (C7514/C7515)
@@ -44,36 +39,14 @@ SMEM_LIMIT = 227 * 1024  # sm_90's per-block opt-in shared memory
 PTXAS_PERF_REMARKS = ("C7508", "C7514", "C7515")
 
 
-def _definition(heads: int, topk: int, suffix: str = "") -> str:
-    return BASE.format(heads=heads, topk=topk, suffix=suffix)
-
-
-def _inputs(definition: str, num_tokens: int, num_pages: int, device, seed: int = 0, **params) -> dict:
-    w = Workload(f"test-{definition}-{num_tokens}", definition, "test", "test",
-                 {"num_tokens": num_tokens, "num_pages": num_pages}, params)
-    return make_inputs(w, device, seed)
-
-
-def _outputs(definition: str, inputs: dict) -> dict:
-    d = get(definition)
-    outputs = d.allocate_outputs(d.check_inputs(inputs), inputs["q_nope"].device)
-    poison(outputs)
-    return outputs
-
-
 def _call(definition: str, inputs: dict, num_splits: int | None = None, **kwargs) -> dict:
     """The launcher on poisoned outputs, with the definition variant's keyword arguments."""
     d = get(definition)
-    outputs = _outputs(definition, inputs)
+    outputs = poisoned_outputs(definition, inputs)
     named = {**inputs, **outputs}
     hopper_mla.sparse_mla_attention(**{name: named[name] for name in d.signature},
                                     lse_base_e=d.params["lse_base"] != 2.0, num_splits=num_splits, **kwargs)
     return outputs
-
-
-def _assert_matches_reference(definition: str, inputs: dict, outputs: dict) -> None:
-    verdict = check(get(definition), inputs, outputs)
-    assert verdict.passed, "\n".join(verdict.problems)
 
 
 # ------------------------------------------------------------------ build (CPU, needs nvcc)
@@ -81,15 +54,7 @@ def _assert_matches_reference(definition: str, inputs: dict, outputs: dict) -> N
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """hopper_mla built for sm90a and sm100a into a private build root: {arch: (rows, arch_dir)}."""
-    root = tmp_path_factory.mktemp("build")
-    source = cuda_library.find(hopper_mla.LIBRARY)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(cuda_library.BUILD_DIR_ENV, str(root))
-        archs = [a for a in arch_table.ARCHES if a.name in ("sm90a", "sm100a")]
-        with ThreadPoolExecutor(2) as pool:  # one nvcc per arch, side by side
-            done = list(pool.map(lambda a: build_arch(a, cuda_sources=[source], triton_configs=[], jobs=1,
-                                                      on_progress=lambda *event: None), archs))
-    return {b.arch.name: (b.rows, root / b.arch.name) for b in done}
+    return build_library(tmp_path_factory.mktemp("build"), hopper_mla.LIBRARY, ("sm90a", "sm100a"))
 
 
 @needs_nvcc
@@ -173,17 +138,17 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
 # ------------------------------------------------------------------ launcher (CPU)
 
 def _cpu_call(definition: str, change: dict, **kwargs) -> None:
-    inputs = _inputs(definition, 2, 40, "cpu")
-    outputs = _outputs(definition, inputs)
+    inputs = case_inputs(definition, 2, 40, "cpu")
+    outputs = poisoned_outputs(definition, inputs)
     named = {**inputs, **outputs, **change}
     d = get(definition)
     hopper_mla.sparse_mla_attention(**{name: named[name] for name in d.signature}, **kwargs)
 
 
 def test_launcher_rejects_malformed_inputs_with_clear_messages():
-    definition = _definition(64, 128)
-    inputs = _inputs(definition, 2, 40, "cpu")
-    outputs = _outputs(definition, inputs)
+    definition = definition_name(64, 128)
+    inputs = case_inputs(definition, 2, 40, "cpu")
+    outputs = poisoned_outputs(definition, inputs)
     q = torch.zeros(2, 64, 520, dtype=torch.bfloat16)  # rows 1040 bytes apart: aligned
     q_odd = torch.zeros(2, 64, 516, dtype=torch.bfloat16)  # rows 1032 bytes apart: not
     bad_cases = {
@@ -207,16 +172,16 @@ def test_launcher_rejects_malformed_inputs_with_clear_messages():
         _cpu_call(definition, {}, topk_length=torch.zeros(2, dtype=torch.int32))
     with pytest.raises(KernelError, match="attn_sink .* use the Triton kernel"):
         _cpu_call(definition, {}, attn_sink=torch.zeros(64))
-    fp8 = _definition(128, 64, "_fp8kv")
+    fp8 = definition_name(128, 64, "_fp8kv")
     with pytest.raises(KernelError, match="kv_cache must be contiguous"):
-        _cpu_call(fp8, {"kv_cache": _inputs(fp8, 2, 40, "cpu")["kv_cache"].transpose(0, 1)})
+        _cpu_call(fp8, {"kv_cache": case_inputs(fp8, 2, 40, "cpu")["kv_cache"].transpose(0, 1)})
 
 
 def test_valid_cpu_inputs_pass_every_check_then_need_a_gpu():
     for suffix in SERVED:
-        definition = _definition(128, 192, suffix)
-        inputs = _inputs(definition, 2, 40, "cpu", pattern="scattered", valid=(0, 100))
-        outputs = _outputs(definition, inputs)
+        definition = definition_name(128, 192, suffix)
+        inputs = case_inputs(definition, 2, 40, "cpu", pattern="scattered", valid=(0, 100))
+        outputs = poisoned_outputs(definition, inputs)
         assert hopper_mla.check_inputs(inputs["q_nope"], inputs["q_pe"], inputs["sparse_indices"],
                                        outputs["output"], outputs["lse"], inputs.get("ckv_cache"),
                                        inputs.get("kpe_cache"), inputs.get("kv_cache"), None, None) == (
@@ -261,7 +226,7 @@ def test_entries_take_the_served_definitions_signatures():
     for suffix in SERVED:
         entry = getattr(hopper_mla, "sparse_attention" + suffix)
         for heads in hopper_mla.HEADS:
-            assert list(inspect.signature(entry).parameters) == get(_definition(heads, 2048, suffix)).signature
+            assert list(inspect.signature(entry).parameters) == get(definition_name(heads, 2048, suffix)).signature
 
 
 def _emulate_kernel_numerics(inputs: dict, mma_dtype: torch.dtype, lse_base_e: bool, shifts: bool = True) -> dict:
@@ -332,8 +297,8 @@ def test_model_bf16_partials_keep_the_contest_tolerance(suffix, splits):
     """Why the kernel may store its split partials in bf16: its numerics with bf16 partials pass the
     contest tolerance on the rows that show the FP8 path's rounding (1 to 3 valid tokens beside full
     rows)."""
-    definition = _definition(128, 2048, suffix)
-    inputs = _inputs(definition, 8, 256, "cpu", seed=splits, pattern="scattered",
+    definition = definition_name(128, 2048, suffix)
+    inputs = case_inputs(definition, 8, 256, "cpu", seed=splits, pattern="scattered",
                      valid=(2048, 1, 2, 3, 700, 0, 64, 1500))
     got = _emulate_split_partials(inputs, torch.float16, splits, torch.bfloat16, suffix.endswith("_lsee"))
     verdict = check(get(definition), inputs, got)
@@ -387,8 +352,8 @@ def _check_past_fp16(definition: str, base: dict, inputs: dict, factor: float, o
 def test_model_fp8_values_past_the_fp16_range_need_the_kernels_shifts(scaled):
     """The kernel's power-of-two shifts (hopper_mla.cu, top) keep q and tokens past 65504 exact: its
     numerics emulated with them pass the contest tolerance, without them fp16 overflows."""
-    definition = _definition(64, 512, "_fp8kv")
-    base = _inputs(definition, 3, 64, "cpu", seed=5, pattern="scattered", valid=(512, 7, 300))
+    definition = definition_name(64, 512, "_fp8kv")
+    base = case_inputs(definition, 3, 64, "cpu", seed=5, pattern="scattered", valid=(512, 7, 300))
     inputs, factor = _scaled_past_fp16(base, scaled)
     _check_past_fp16(definition, base, inputs, factor, _emulate_kernel_numerics(inputs, torch.float16, False))
     with pytest.raises(AssertionError):
@@ -399,8 +364,9 @@ def test_model_fp8_values_past_the_fp16_range_need_the_kernels_shifts(scaled):
 def test_model_fp8_path_needs_fp16_mmas_not_bf16(suffix):
     """Why the FP8 path multiplies in fp16 (hopper_mla.cu): dequantized values rounded to bf16
     fail the contest tolerance on these inputs (rows of 1 to 3 valid tokens show it), fp16 passes."""
-    definition = _definition(128, 2048, suffix)
-    inputs = _inputs(definition, 8, 256, "cpu", seed=3, pattern="scattered", valid=(2048, 1, 2, 3, 700, 0, 64, 1500))
+    definition = definition_name(128, 2048, suffix)
+    inputs = case_inputs(definition, 8, 256, "cpu", seed=3, pattern="scattered",
+                         valid=(2048, 1, 2, 3, 700, 0, 64, 1500))
     lse_e = suffix.endswith("_lsee")
     assert check(get(definition), inputs, _emulate_kernel_numerics(inputs, torch.float16, lse_e)).passed
     assert not check(get(definition), inputs, _emulate_kernel_numerics(inputs, torch.bfloat16, lse_e)).passed
@@ -414,11 +380,11 @@ def test_model_fp8_path_needs_fp16_mmas_not_bf16(suffix):
 @pytest.mark.parametrize("num_tokens", [1, 2, 8, 64])
 @pytest.mark.parametrize("suffix", SERVED)
 def test_gpu_matches_reference(heads, num_tokens, suffix):
-    definition = _definition(heads, 2048, suffix)
+    definition = definition_name(heads, 2048, suffix)
     valid = tuple((2048, 1, 700, 2047, 0, 64, 1500, 63)[i % 8] for i in range(num_tokens))
-    inputs = _inputs(definition, num_tokens, 256, "cuda", seed=heads + num_tokens, pattern="scattered", valid=valid)
+    inputs = case_inputs(definition, num_tokens, 256, "cuda", seed=heads + num_tokens, pattern="scattered", valid=valid)
     outputs = _call(definition, inputs)
-    _assert_matches_reference(definition, inputs, outputs)
+    assert_matches_reference(definition, inputs, outputs)
     empty = [t for t, n in enumerate(valid) if n == 0]
     assert bool((outputs["output"][empty] == 0).all()) and bool((outputs["lse"][empty] == float("-inf")).all())
 
@@ -430,8 +396,8 @@ def test_gpu_matches_reference(heads, num_tokens, suffix):
 @pytest.mark.parametrize("num_splits", [None, 1, 2, 3])
 def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, suffix, num_splits):
     from test_attention import check_out_of_range_ids
-    definition = _definition(heads, 2048, suffix)
-    inputs = _inputs(definition, 4, 64, "cuda", seed=heads, pattern="scattered")
+    definition = definition_name(heads, 2048, suffix)
+    inputs = case_inputs(definition, 4, 64, "cuda", seed=heads, pattern="scattered")
     d = get(definition)
 
     def launcher(*args, **kwargs):
@@ -446,12 +412,12 @@ def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, suffix, num_spl
 @pytest.mark.parametrize("pattern", ["empty", "duplicates", "tail", "full"])
 @pytest.mark.parametrize("suffix", ["", "_fp8kv_lsee"])
 def test_gpu_index_patterns(pattern, suffix):
-    definition = _definition(128, 2048, suffix)
+    definition = definition_name(128, 2048, suffix)
     params = {"pattern": pattern, **({"valid": (3, 2048, 65)} if pattern == "tail" else {})}
-    inputs = _inputs(definition, 3, 256, "cuda", seed=len(pattern), **params)
+    inputs = case_inputs(definition, 3, 256, "cuda", seed=len(pattern), **params)
     for num_splits in (None, 1):
         outputs = _call(definition, inputs, num_splits)
-        _assert_matches_reference(definition, inputs, outputs)
+        assert_matches_reference(definition, inputs, outputs)
         if pattern == "empty":
             assert bool((outputs["output"] == 0).all()) and bool((outputs["lse"] == float("-inf")).all())
 
@@ -467,9 +433,9 @@ def test_gpu_any_split_count_is_exact(heads, num_splits, suffix):
     half a block. Grids over half the H200's SMs (31+ splits; 128 heads x 31 = 248 CTAs) write bf16
     partials through shared memory, 7 splits fp32 partials straight from the accumulators, and 2
     splits merge in a cluster (but FP8 at 128 heads, combined)."""
-    definition = _definition(heads, 2048, suffix)
-    inputs = _inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
-    _assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
+    definition = definition_name(heads, 2048, suffix)
+    inputs = case_inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
+    assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
 
 
 @pytest.mark.gpu
@@ -480,11 +446,11 @@ def test_gpu_splits_merged_in_a_cluster_are_exact(heads, suffix):
     """The cluster merge against the reference, rows full, nearly empty, empty and partial, and against
     the combine kernel's merge of the same splits (equal up to the order of fp32 additions). FP8 at
     128 heads then runs without the head-group cluster."""
-    definition = _definition(heads, 2048, suffix)
+    definition = definition_name(heads, 2048, suffix)
     splits = hopper_mla.CLUSTER_SPLITS
-    inputs = _inputs(definition, 4, 128, "cuda", seed=heads, pattern="scattered", valid=(2048, 5, 0, 1000))
+    inputs = case_inputs(definition, 4, 128, "cuda", seed=heads, pattern="scattered", valid=(2048, 5, 0, 1000))
     merged = _call(definition, inputs, splits, reduce_in_cluster=True)
-    _assert_matches_reference(definition, inputs, merged)
+    assert_matches_reference(definition, inputs, merged)
     assert bool((merged["output"][2] == 0).all()) and bool((merged["lse"][2] == float("-inf")).all())
     combined = _call(definition, inputs, splits, reduce_in_cluster=False)
     torch.testing.assert_close(merged["output"].float(), combined["output"].float(), atol=1e-2, rtol=0)
@@ -498,10 +464,10 @@ def test_gpu_splits_merged_in_a_cluster_are_exact(heads, suffix):
 def test_gpu_cluster_merge_of_short_splits(topk, suffix):
     """Two splits of half a block (topk 64), of one block and a half (192 / 2 = 96) and of four blocks
     and a half (576 / 2 = 288)."""
-    definition = _definition(64, topk, suffix)
-    inputs = _inputs(definition, 3, 64, "cuda", seed=topk, pattern="scattered", valid=(topk, topk // 2, 1))
+    definition = definition_name(64, topk, suffix)
+    inputs = case_inputs(definition, 3, 64, "cuda", seed=topk, pattern="scattered", valid=(topk, topk // 2, 1))
     outputs = _call(definition, inputs, hopper_mla.CLUSTER_SPLITS, reduce_in_cluster=True)
-    _assert_matches_reference(definition, inputs, outputs)
+    assert_matches_reference(definition, inputs, outputs)
 
 
 def test_partials_are_bf16_on_grids_over_half_the_sms():
@@ -526,9 +492,9 @@ def test_two_splits_merge_in_a_cluster_unless_fp8_head_groups_share_their_gather
 @pytest.mark.parametrize("topk", [64, 576, 1536])
 @pytest.mark.parametrize("suffix", ["", "_fp8kv"])
 def test_gpu_other_topk_sizes(topk, suffix):
-    definition = _definition(128, topk, suffix)
-    inputs = _inputs(definition, 3, 64, "cuda", seed=topk, pattern="scattered", valid=(topk, topk // 2, 1))
-    _assert_matches_reference(definition, inputs, _call(definition, inputs))
+    definition = definition_name(128, topk, suffix)
+    inputs = case_inputs(definition, 3, 64, "cuda", seed=topk, pattern="scattered", valid=(topk, topk // 2, 1))
+    assert_matches_reference(definition, inputs, _call(definition, inputs))
 
 
 @pytest.mark.gpu
@@ -542,20 +508,20 @@ def test_gpu_strided_views_of_one_576_wide_tensor():
     idx[1, ::3] = -1
     inputs = {"q_nope": q[..., :512], "q_pe": q[..., 512:], "ckv_cache": cache[..., :512],
               "kpe_cache": cache[..., 512:], "sparse_indices": idx, "sm_scale": 0.1352337788608801}
-    definition = _definition(64, 256)
+    definition = definition_name(64, 256)
     for num_splits in (1, 3):
-        _assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
+        assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
 
 
 @pytest.mark.gpu
 @on_sm90
 def test_gpu_repeated_calls_are_bitwise_identical():
     """A race between the warpgroups (ring, P exchange, row maxima) would move the result."""
-    definition = _definition(128, 2048, "_fp8kv")
-    inputs = _inputs(definition, 8, 512, "cuda", seed=9, pattern="scattered", valid=(2048, 1000, 1, 0) * 2)
+    definition = definition_name(128, 2048, "_fp8kv")
+    inputs = case_inputs(definition, 8, 512, "cuda", seed=9, pattern="scattered", valid=(2048, 1000, 1, 0) * 2)
     for num_splits in (None, 1):
         first = _call(definition, inputs, num_splits)
-        _assert_matches_reference(definition, inputs, first)
+        assert_matches_reference(definition, inputs, first)
         for _ in range(50):
             again = _call(definition, inputs, num_splits)
             assert torch.equal(again["output"], first["output"]) and torch.equal(again["lse"], first["lse"])
@@ -574,11 +540,11 @@ def test_gpu_fp8_scales_below_the_fp16_range_stay_exact():
     scales = kv_cache.view(-1, fp8.MLA_TOKEN_BYTES)[:, fp8.MLA_SCALE_OFFSET:fp8.MLA_KPE_OFFSET].contiguous()
     scales = scales.view(torch.float32)
     assert bool((scales[::2] < 2.0**-14).all()) and bool((scales[1::2] > 2.0**-14).all())
-    definition = _definition(64, 512, "_fp8kv")
-    inputs = _inputs(definition, 3, 64, "cuda", seed=11, pattern="scattered", valid=(512, 7, 300))
+    definition = definition_name(64, 512, "_fp8kv")
+    inputs = case_inputs(definition, 3, 64, "cuda", seed=11, pattern="scattered", valid=(512, 7, 300))
     inputs["kv_cache"] = kv_cache
     for num_splits in (1, 4):
-        _assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
+        assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
 
 
 @pytest.mark.gpu
@@ -588,8 +554,8 @@ def test_gpu_fp8_scales_below_the_fp16_range_stay_exact():
 def test_gpu_fp8_values_past_the_fp16_range_stay_exact(heads, scaled):
     """q and FP8 tokens past fp16's range (_scaled_past_fp16), one split (8 blocks a CTA; at 128 heads in
     2-CTA clusters) and 4."""
-    definition = _definition(heads, 512, "_fp8kv")
-    base = _inputs(definition, 3, 64, "cuda", seed=heads, pattern="scattered", valid=(512, 7, 300))
+    definition = definition_name(heads, 512, "_fp8kv")
+    base = case_inputs(definition, 3, 64, "cuda", seed=heads, pattern="scattered", valid=(512, 7, 300))
     inputs, factor = _scaled_past_fp16(base, scaled)
     for num_splits in (1, 4):
         outputs = _call(definition, inputs, num_splits)
@@ -603,9 +569,9 @@ def test_dispatch_reads_the_facts_of_a_call_from_its_tensors(monkeypatch):
     from dsactl.kernels.attention import solution
 
     def named(heads: int, suffix: str = "") -> dict:
-        definition = _definition(heads, 128, suffix)
-        inputs = _inputs(definition, 2, 8, "cpu", pattern="scattered", valid=(100, 3))
-        return {k: v for k, v in {**inputs, **_outputs(definition, inputs)}.items() if k != "sm_scale"}
+        definition = definition_name(heads, 128, suffix)
+        inputs = case_inputs(definition, 2, 8, "cpu", pattern="scattered", valid=(100, 3))
+        return {k: v for k, v in {**inputs, **poisoned_outputs(definition, inputs)}.items() if k != "sm_scale"}
 
     assert {solution.implementation_for(**named(h)) for h in (16, 32, 64, 128)} == {dispatch.TRITON}
     call = named(64)
@@ -643,8 +609,8 @@ def test_an_sm90_gpu_without_the_build_is_an_error_naming_the_build(monkeypatch)
 
     monkeypatch.setattr(solution, "implementation_for", lambda *args, **kwargs: dispatch.HOPPER)
     monkeypatch.setattr(hopper_mla, "library", missing)
-    definition = _definition(64, 128)
-    inputs = _inputs(definition, 2, 8, "cpu", pattern="scattered", valid=(100, 3))
-    named = {**inputs, **_outputs(definition, inputs)}
+    definition = definition_name(64, 128)
+    inputs = case_inputs(definition, 2, 8, "cpu", pattern="scattered", valid=(100, 3))
+    named = {**inputs, **poisoned_outputs(definition, inputs)}
     with pytest.raises(KernelBuildError, match=r"dsactl build --arch sm90a.*DSA_ATTENTION_KERNEL=triton"):
         solution.sparse_attention(**named)

@@ -14,25 +14,22 @@ import ctypes
 import inspect
 import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 import torch.nn.functional as F
+from attention_cases import (assert_matches_reference, build_library, case_inputs, definition_name,
+                             poisoned_outputs)
 
 from dsactl import fp8
 from dsactl.build import arch as arch_table
 from dsactl.build import cuda as build_cuda
 from dsactl.build import cuobjdump
-from dsactl.build.pipeline import build_arch
 from dsactl.definitions import get
-from dsactl.harness import poison
 from dsactl.kernels import cuda_library
 from dsactl.kernels.attention import dispatch, mma_mla, solution
 from dsactl.kernels.attention.entries import VARIANTS
 from dsactl.kernels.errors import KernelBuildError, KernelInputError
-from dsactl.verify.rules import check
-from dsactl.workloads import Workload, make_inputs
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 on_gpu = pytest.mark.skipif(
@@ -40,7 +37,6 @@ on_gpu = pytest.mark.skipif(
     reason="the small-head kernel needs compute capability 9.0 or later")
 on_sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
                              reason="the dispatch sends calls to the small-head kernel on compute capability 9.0")
-BASE = "dsa_sparse_attention_h{heads}_ckv512_kpe64_topk{topk}_ps64{suffix}"
 # Every FP8 variant flag, alone and all together (mma_mla.SERVED_VARIANTS has all 8).
 SERVED = ("_fp8kv", "_fp8kv_lsee", "_fp8kv_topklen", "_fp8kv_sink", "_fp8kv_lsee_topklen_sink")
 ARCHES = ("sm90a", "sm100a", "sm120a")
@@ -51,20 +47,7 @@ H200_SMS = 132
 
 
 def _definition(heads: int, topk: int, suffix: str = "_fp8kv") -> str:
-    return BASE.format(heads=heads, topk=topk, suffix=suffix)
-
-
-def _inputs(definition: str, num_tokens: int, num_pages: int, device, seed: int = 0, **params) -> dict:
-    w = Workload(f"test-{definition}-{num_tokens}", definition, "test", "test",
-                 {"num_tokens": num_tokens, "num_pages": num_pages}, params)
-    return make_inputs(w, device, seed)
-
-
-def _outputs(definition: str, inputs: dict) -> dict:
-    d = get(definition)
-    outputs = d.allocate_outputs(d.check_inputs(inputs), inputs["q_nope"].device)
-    poison(outputs)
-    return outputs
+    return definition_name(heads, topk, suffix)
 
 
 def _launch(definition: str, named: dict, num_splits: int | None = None, **kwargs) -> None:
@@ -76,14 +59,9 @@ def _launch(definition: str, named: dict, num_splits: int | None = None, **kwarg
 
 def _call(definition: str, inputs: dict, num_splits: int | None = None, **kwargs) -> dict:
     """The launcher on poisoned outputs."""
-    outputs = _outputs(definition, inputs)
+    outputs = poisoned_outputs(definition, inputs)
     _launch(definition, {**inputs, **outputs}, num_splits, **kwargs)
     return outputs
-
-
-def _assert_matches_reference(definition: str, inputs: dict, outputs: dict) -> None:
-    verdict = check(get(definition), inputs, outputs)
-    assert verdict.passed, "\n".join(verdict.problems)
 
 
 def _assert_empty(outputs: dict, rows) -> None:
@@ -96,15 +74,7 @@ def _assert_empty(outputs: dict, rows) -> None:
 @pytest.fixture(scope="module")
 def builds(tmp_path_factory):
     """mma_mla built for ARCHES into a private build root: {arch: (rows, arch_dir)}."""
-    root = tmp_path_factory.mktemp("build")
-    source = cuda_library.find(mma_mla.LIBRARY)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(cuda_library.BUILD_DIR_ENV, str(root))
-        archs = [a for a in arch_table.ARCHES if a.name in ARCHES]
-        with ThreadPoolExecutor(len(archs)) as pool:  # one nvcc per arch, side by side
-            done = list(pool.map(lambda a: build_arch(a, cuda_sources=[source], triton_configs=[], jobs=1,
-                                                      on_progress=lambda *event: None), archs))
-    return {b.arch.name: (b.rows, root / b.arch.name) for b in done}
+    return build_library(tmp_path_factory.mktemp("build"), mma_mla.LIBRARY, ARCHES)
 
 
 def _sass(arch_dir) -> str:
@@ -187,15 +157,15 @@ def test_a_library_built_with_other_limits_is_refused(builds, monkeypatch):
 # ------------------------------------------------------------------ launcher (CPU)
 
 def _cpu_call(definition: str, change: dict, **kwargs) -> None:
-    inputs = _inputs(definition, 2, 40, "cpu", pattern="scattered", valid=(100, 3))
-    named = {**inputs, **_outputs(definition, inputs), **change}
+    inputs = case_inputs(definition, 2, 40, "cpu", pattern="scattered", valid=(100, 3))
+    named = {**inputs, **poisoned_outputs(definition, inputs), **change}
     _launch(definition, named, **kwargs)
 
 
 def test_launcher_rejects_malformed_inputs_with_one_line_messages():
     definition = _definition(16, 2048)
-    inputs = _inputs(definition, 2, 40, "cpu")
-    outputs = _outputs(definition, inputs)
+    inputs = case_inputs(definition, 2, 40, "cpu")
+    outputs = poisoned_outputs(definition, inputs)
     q = torch.zeros(2, 16, 520, dtype=torch.bfloat16)  # rows 1040 bytes apart: aligned
     odd = torch.zeros(inputs["kv_cache"].numel() + 8, dtype=torch.int8)[8:].view(inputs["kv_cache"].shape)
     bad_cases = {
@@ -224,8 +194,8 @@ def test_launcher_rejects_malformed_inputs_with_one_line_messages():
 def test_valid_cpu_inputs_pass_every_check_then_need_a_gpu(heads):
     for variant in mma_mla.SERVED_VARIANTS:
         definition = _definition(heads, 192, variant.suffix)
-        inputs = _inputs(definition, 2, 40, "cpu", pattern="scattered", valid=(0, 100))
-        outputs = _outputs(definition, inputs)
+        inputs = case_inputs(definition, 2, 40, "cpu", pattern="scattered", valid=(0, 100))
+        outputs = poisoned_outputs(definition, inputs)
         assert mma_mla.fits(inputs["q_nope"], inputs["q_pe"], inputs["sparse_indices"], outputs["output"],
                             inputs["kv_cache"])
         with pytest.raises(KernelInputError, match="needs CUDA tensors"):
@@ -235,8 +205,8 @@ def test_valid_cpu_inputs_pass_every_check_then_need_a_gpu(heads):
 
 def test_fits_names_the_calls_outside_the_kernels_limits():
     definition = _definition(16, 2048)
-    inputs = _inputs(definition, 2, 40, "cpu")
-    outputs = _outputs(definition, inputs)
+    inputs = case_inputs(definition, 2, 40, "cpu")
+    outputs = poisoned_outputs(definition, inputs)
     call = dict(q_nope=inputs["q_nope"], q_pe=inputs["q_pe"], sparse_indices=inputs["sparse_indices"],
                 output=outputs["output"], kv_cache=inputs["kv_cache"])
     assert mma_mla.fits(**call)
@@ -316,8 +286,8 @@ def test_dispatch_sends_small_head_fp8_calls_from_the_token_threshold_to_the_mma
 def _named(heads: int, suffix: str, num_tokens: int) -> dict:
     """A call's tensors (CPU) as solution.implementation_for takes them."""
     definition = _definition(heads, 128, suffix)
-    inputs = _inputs(definition, num_tokens, 8, "cpu", pattern="scattered")
-    return {**inputs, **_outputs(definition, inputs)}
+    inputs = case_inputs(definition, num_tokens, 8, "cpu", pattern="scattered")
+    return {**inputs, **poisoned_outputs(definition, inputs)}
 
 
 def test_solution_on_cpu_tensors_picks_triton_unless_asked(monkeypatch):
@@ -341,8 +311,8 @@ def test_a_gpu_without_the_build_is_an_error_naming_the_build(monkeypatch):
     monkeypatch.setattr(solution, "implementation_for", lambda *args, **kwargs: dispatch.MMA)
     monkeypatch.setattr(mma_mla, "library", missing)
     definition = _definition(16, 128)
-    inputs = _inputs(definition, 8, 8, "cpu", pattern="scattered")
-    named = {**inputs, **_outputs(definition, inputs)}
+    inputs = case_inputs(definition, 8, 8, "cpu", pattern="scattered")
+    named = {**inputs, **poisoned_outputs(definition, inputs)}
     with pytest.raises(KernelBuildError, match=r"dsactl build --arch sm90a.*DSA_ATTENTION_KERNEL=triton"):
         solution.sparse_attention_fp8kv(**{name: named[name] for name in get(definition).signature})
 
@@ -360,9 +330,9 @@ VALID = (2048, 1, 700, 2047, 0, 64, 1500, 63)  # valid ids a row: full, one, par
 def test_gpu_matches_reference(heads, num_tokens, suffix):
     definition = _definition(heads, 2048, suffix)
     valid = tuple(VALID[i % len(VALID)] for i in range(num_tokens))
-    inputs = _inputs(definition, num_tokens, 128, "cuda", seed=heads + num_tokens, pattern="scattered", valid=valid)
+    inputs = case_inputs(definition, num_tokens, 128, "cuda", seed=heads + num_tokens, pattern="scattered", valid=valid)
     outputs = _call(definition, inputs)
-    _assert_matches_reference(definition, inputs, outputs)
+    assert_matches_reference(definition, inputs, outputs)
     _assert_empty(outputs, [t for t, n in enumerate(valid) if n == 0])
 
 
@@ -373,10 +343,10 @@ def test_gpu_matches_reference(heads, num_tokens, suffix):
 def test_gpu_index_patterns(pattern, suffix):
     definition = _definition(32, 2048, suffix)
     params = {"pattern": pattern, **({"valid": (3, 2048, 65)} if pattern in ("tail", "scattered") else {})}
-    inputs = _inputs(definition, 3, 128, "cuda", seed=len(pattern), **params)
+    inputs = case_inputs(definition, 3, 128, "cuda", seed=len(pattern), **params)
     for num_splits in (None, 1):
         outputs = _call(definition, inputs, num_splits)
-        _assert_matches_reference(definition, inputs, outputs)
+        assert_matches_reference(definition, inputs, outputs)
         if pattern == "empty":
             _assert_empty(outputs, slice(None))
 
@@ -388,14 +358,14 @@ def test_gpu_ids_clustered_in_one_page(heads):
     """Every id of a row in one 64-token page, each many times over: the same rows gathered again and
     again into one tile."""
     definition = _definition(heads, 512)
-    inputs = _inputs(definition, 3, 64, "cuda", seed=heads)
+    inputs = case_inputs(definition, 3, 64, "cuda", seed=heads)
     g = torch.Generator(device="cuda").manual_seed(heads)
     page_size = inputs["kv_cache"].shape[1]
     ids = 37 * page_size + torch.randint(0, page_size, (3, 512), generator=g, device="cuda", dtype=torch.int32)
     ids[1, ::5] = -1
     inputs["sparse_indices"] = ids
     for num_splits in (None, 1, 4):
-        _assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
+        assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
 
 
 @pytest.mark.gpu
@@ -404,11 +374,11 @@ def test_gpu_ids_clustered_in_one_page(heads):
 def test_gpu_topk_length_zero_negative_and_past_topk(heads):
     """topk_length clamps to [0, topk]: rows of length 0 (or below) are empty, with their sink."""
     definition = _definition(heads, 2048, "_fp8kv_lsee_topklen_sink")
-    inputs = _inputs(definition, 5, 128, "cuda", seed=heads)
+    inputs = case_inputs(definition, 5, 128, "cuda", seed=heads)
     inputs["topk_length"] = torch.tensor([0, 2048, -3, 65, 5000], dtype=torch.int32, device="cuda")
     for num_splits in (None, 1, 5):
         outputs = _call(definition, inputs, num_splits)
-        _assert_matches_reference(definition, inputs, outputs)
+        assert_matches_reference(definition, inputs, outputs)
         _assert_empty(outputs, [0, 2])
 
 
@@ -421,12 +391,12 @@ def test_gpu_topk_sizes(heads, topk):
     its last 28 positions cut off; the reference reads them as -1 padding, the contract's meaning)."""
     wide = -(-topk // 64) * 64
     definition = _definition(heads, wide, "_fp8kv_lsee")
-    inputs = _inputs(definition, 3, 64, "cuda", seed=topk, pattern="scattered", valid=(wide, wide // 2, 1))
-    outputs = _outputs(definition, inputs)
+    inputs = case_inputs(definition, 3, 64, "cuda", seed=topk, pattern="scattered", valid=(wide, wide // 2, 1))
+    outputs = poisoned_outputs(definition, inputs)
     ids = inputs["sparse_indices"][:, :topk]  # a row stride of `wide`: strided rows, as the contract allows
     _launch(definition, {**inputs, **outputs, "sparse_indices": ids})
     padded = F.pad(ids, (0, wide - topk), value=-1)
-    _assert_matches_reference(definition, {**inputs, "sparse_indices": padded}, outputs)
+    assert_matches_reference(definition, {**inputs, "sparse_indices": padded}, outputs)
 
 
 @pytest.mark.gpu
@@ -438,17 +408,17 @@ def test_gpu_any_split_count_is_exact(heads, num_splits, suffix):
     """7 splits: 4-5 tiles a split; 31: 66-67 ids, a second tile of 2-3; 64: half a tile. Rows full,
     nearly empty, empty and partial."""
     definition = _definition(heads, 2048, suffix)
-    inputs = _inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
-    _assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
+    inputs = case_inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
+    assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
 
 
 @pytest.mark.gpu
 @on_gpu
 def test_gpu_split_counts_past_the_combines_limit_are_refused():
     definition = _definition(16, 2048)
-    inputs = _inputs(definition, 2, 64, "cuda")
+    inputs = case_inputs(definition, 2, 64, "cuda")
     for num_splits in (mma_mla.MAX_SPLITS + 1, -1):
-        outputs = _outputs(definition, inputs)
+        outputs = poisoned_outputs(definition, inputs)
         with pytest.raises(KernelInputError, match=rf"num_splits must be in \[1, 64\], got {num_splits}"):
             _launch(definition, {**inputs, **outputs}, num_splits)
         assert bool(outputs["output"].isnan().all())
@@ -460,7 +430,7 @@ def test_gpu_split_counts_past_the_combines_limit_are_refused():
 @pytest.mark.parametrize("num_splits", [None, 1, 3])
 def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, num_splits):
     definition = _definition(heads, 512)
-    inputs = _inputs(definition, 4, 64, "cuda", seed=heads, pattern="scattered", valid=(512, 300, 7, 0))
+    inputs = case_inputs(definition, 4, 64, "cuda", seed=heads, pattern="scattered", valid=(512, 300, 7, 0))
     kv = inputs["kv_cache"]
     tokens = kv.shape[0] * kv.shape[1]
     bad = inputs["sparse_indices"].clone()
@@ -473,14 +443,14 @@ def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, num_splits):
     device = kv.device
     mma_mla.reset_bad_index_count(device)
     outputs = _call(definition, {**inputs, "sparse_indices": bad}, num_splits)
-    _assert_matches_reference(definition, {**inputs, "sparse_indices": replaced}, outputs)
+    assert_matches_reference(definition, {**inputs, "sparse_indices": replaced}, outputs)
     _assert_empty(outputs, [3])
     assert mma_mla.bad_index_count(device) == planted  # each once, whatever the splits and head groups
     with pytest.raises(KernelInputError, match=rf"sparse_indices\[0, 1\] = 100000000 is outside \[0, {tokens}\)"):
         _call(definition, {**inputs, "sparse_indices": bad}, num_splits, check=True)
     assert mma_mla.bad_index_count(device) == planted  # refused before any launch
     outputs = _call(definition, {**inputs, "sparse_indices": replaced}, num_splits, check=True)
-    _assert_matches_reference(definition, {**inputs, "sparse_indices": replaced}, outputs)
+    assert_matches_reference(definition, {**inputs, "sparse_indices": replaced}, outputs)
     assert mma_mla.bad_index_count(device) == planted
 
 
@@ -490,12 +460,12 @@ def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, num_splits):
 def test_gpu_strided_views_of_one_576_wide_q(heads):
     """q_nope and q_pe as slices of one [T, H, 576] tensor, as MLA stores them."""
     definition = _definition(heads, 512)
-    inputs = _inputs(definition, 3, 64, "cuda", seed=7, pattern="scattered", valid=(512, 100, 3))
+    inputs = case_inputs(definition, 3, 64, "cuda", seed=7, pattern="scattered", valid=(512, 100, 3))
     q = torch.cat([inputs["q_nope"], inputs["q_pe"]], -1)
     views = {**inputs, "q_nope": q[..., :512], "q_pe": q[..., 512:]}
     assert not views["q_nope"].is_contiguous() and not views["q_pe"].is_contiguous()
     for num_splits in (1, 3):
-        _assert_matches_reference(definition, views, _call(definition, views, num_splits))
+        assert_matches_reference(definition, views, _call(definition, views, num_splits))
 
 
 @pytest.mark.gpu
@@ -504,10 +474,10 @@ def test_gpu_strided_views_of_one_576_wide_q(heads):
 def test_gpu_repeated_calls_are_bitwise_identical(heads):
     """A race on the ring, the partial logits' exchange or the id buffer would move the result."""
     definition = _definition(heads, 2048, "_fp8kv_sink")
-    inputs = _inputs(definition, 8, 128, "cuda", seed=9, pattern="scattered", valid=(2048, 1000, 1, 0) * 2)
+    inputs = case_inputs(definition, 8, 128, "cuda", seed=9, pattern="scattered", valid=(2048, 1000, 1, 0) * 2)
     for num_splits in (None, 1):
         first = _call(definition, inputs, num_splits)
-        _assert_matches_reference(definition, inputs, first)
+        assert_matches_reference(definition, inputs, first)
         for _ in range(20):
             again = _call(definition, inputs, num_splits)
             assert torch.equal(again["output"], first["output"]) and torch.equal(again["lse"], first["lse"])
@@ -526,10 +496,10 @@ def test_gpu_solution_runs_the_mma_kernel_at_16_heads_from_8_tokens(monkeypatch)
     monkeypatch.setitem(solution.LAUNCHERS, dispatch.MMA, mma_launcher)
     definition = _definition(16, 2048)
     num_tokens = dispatch.MMA_MIN_TOKENS[16]
-    inputs = _inputs(definition, num_tokens, 128, "cuda", seed=3, pattern="scattered", valid=VALID[:num_tokens])
-    outputs = _outputs(definition, inputs)
+    inputs = case_inputs(definition, num_tokens, 128, "cuda", seed=3, pattern="scattered", valid=VALID[:num_tokens])
+    outputs = poisoned_outputs(definition, inputs)
     named = {**inputs, **outputs}
     assert solution.implementation_for(**named) == dispatch.MMA
     solution.sparse_attention_fp8kv(**{name: named[name] for name in get(definition).signature})
     assert ran
-    _assert_matches_reference(definition, inputs, outputs)
+    assert_matches_reference(definition, inputs, outputs)
