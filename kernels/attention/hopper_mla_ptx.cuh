@@ -1,5 +1,6 @@
-// PTX wrappers of the Hopper (sm_90a) primitives hopper_mla.cu uses: wgmma, mbarrier, cp.async,
-// clusters and distributed shared memory, proxy fences, named barriers, register reallocation.
+// PTX wrappers of the Hopper (sm_90a) primitives hopper_mla.cu uses (mma_mla.cu uses its mbarrier ones):
+// wgmma, mbarrier, cp.async, clusters and distributed shared memory, proxy fences, named barriers,
+// register reallocation.
 // Every wrapper is asm volatile with a "memory" clobber so the compiler keeps them in program
 // order relative to shared-memory code.
 // Only the sm_90a pass of hopper_mla.cu includes the bodies that use them (see HOPPER_MLA_BODY).

@@ -52,6 +52,8 @@
 
 #include <cstdint>
 
+#include "hopper_mla_ptx.cuh"
+
 namespace mma_mla {
 namespace {
 
@@ -134,30 +136,14 @@ struct Params {
 };
 
 // ---- PTX -----------------------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Arrive and expect `bytes` of complete_tx before the phase completes.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-// Spin until the phase of the given parity has completed (acquire at CTA scope).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
-}
+// The shared-memory address and mbarrier wrappers of the Hopper kernel's header; the rest here.
+using hopper_mla::fence_mbarrier_init_cluster;
+using hopper_mla::mbar_arrive;
+using hopper_mla::mbar_arrive_expect_tx;
+using hopper_mla::mbar_init;
+using hopper_mla::mbar_wait;
+using hopper_mla::smem_addr;
+
 // One row by the bulk-copy engine, its bytes completed on bar.
 __device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
   asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
@@ -267,7 +253,7 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
   if (bad > 0 && blockIdx.x == 0) atomicAdd(p.bad_index_count, bad);
   if (threadIdx.x < kStages) mbar_init(full + 8 * threadIdx.x, 1);
   if (threadIdx.x < kHeadGroups) mbar_init(full + 8 * (kStages + threadIdx.x), 32 * kGroupWarps);
-  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  fence_mbarrier_init_cluster();
 
   // Q: this warp's group, rows g and g + 8, as fp16 A fragments scaled per row by 2^-shift. k-step j's
   // positions {2c, 2c+1, 2c+8, 2c+9} are the group's columns 32c + 4j + {0..3}: a thread's 8 k-steps
