@@ -33,10 +33,15 @@ def latency_plot(results: Sequence[Result], definition: str, path: Path) -> Path
         ax.errorbar(xs, [r.median_us for r in mine],
                     yerr=[[r.median_us - r.min_us for r in mine], [r.max_us - r.median_us for r in mine]],
                     marker="o", markersize=3, linewidth=1, capsize=2, label=name)
-    ax.set_xscale("log")
     ax.set_yscale("log")
+    return _save_size_plot(plt, fig, ax, definition, "latency, us (median, min-max bars)", path)
+
+
+def _save_size_plot(plt, fig, ax, definition: str, ylabel: str, path: Path) -> Path:
+    """The frame every per-size plot shares: log size axis named by the stage, title, grid, legend; saved."""
+    ax.set_xscale("log")
     ax.set_xlabel(SIZE_NAMES[stage(get_definition(definition))])
-    ax.set_ylabel("latency, us (median, min-max bars)")
+    ax.set_ylabel(ylabel)
     ax.set_title(definition, fontsize=9)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
@@ -86,17 +91,8 @@ def bandwidth_plot(results: Sequence[Result], definition: str, path: Path) -> Pa
         ax.plot([max(r.size, 1) for r in mine], [r.gbps for r in mine], marker="o", markersize=3, linewidth=1,
                 label=name)
     ax.axhline(copy_gbps, color="gray", linestyle="--", linewidth=1, label=f"copy {copy_gbps:.0f} GB/s")
-    ax.set_xscale("log")
     ax.set_ylim(0, copy_gbps * 1.08)
-    ax.set_xlabel(SIZE_NAMES[stage(get_definition(definition))])
-    ax.set_ylabel("GB/s of the bytes each call must touch")
-    ax.set_title(definition, fontsize=9)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
-    plt.close(fig)
-    return path
+    return _save_size_plot(plt, fig, ax, definition, "GB/s of the bytes each call must touch", path)
 
 
 def plot(results: Sequence[Result], folder: str | Path) -> list[Path]:
