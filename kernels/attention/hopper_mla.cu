@@ -320,23 +320,33 @@ struct Work {
   int t, group, split, n_mine, num_blocks;
 };
 
-// Row position of block b's token i in split s: s + (b * 64 + i) * S, valid below n_mine. An id outside
-// [0, cache_tokens) is masked as -1 (one unsigned compare on the valid path), so no input value makes a
-// gather leave the cache; `bad` counts the masked ids that are not the contract's -1. The producers add
-// their count to the device counter once, after their loop (add_bad_ids), so that no atomic sits among
-// the index loads they issue together.
-__device__ __forceinline__ int gather_index(const Params& p, const Work& w, int b, int token, int& bad) {
+// Row position of block b's token i in split s: s + (b * 64 + i) * S, valid below n_mine. The id is
+// returned as loaded and tested where it is used (in_cache): a test here would make the producer wait
+// for each index load on the spot instead of keeping it in flight until the gather needs it.
+__device__ __forceinline__ int gather_index(const Params& p, const Work& w, int b, int token) {
   const int j = b * kBlockTokens + token;
   if (j >= w.n_mine) return -1;
-  const int idx = __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
-  if (static_cast<uint32_t>(idx) < p.cache_tokens) return idx;
-  bad += idx != -1;
-  return -1;
+  return __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
 }
 
-// A producer thread's count of masked ids into the device counter, by the threads that `count` them.
-__device__ __forceinline__ void add_bad_ids(const Params& p, bool counts, int bad) {
-  if (counts && bad > 0) atomicAdd(p.bad_index_count, bad);
+// Whether an id is gathered: one unsigned compare masks -1 and every id outside [0, cache_tokens), so
+// no input value makes a gather leave the cache.
+__device__ __forceinline__ bool in_cache(const Params& p, int idx) {
+  return static_cast<uint32_t>(idx) < p.cache_tokens;
+}
+
+// The masked ids of this CTA's split other than the contract's -1, into the device counter: read again
+// (from L2) by the producer after its gather: counting among the index loads would take registers
+// and issue slots from the 40-register bf16 producer's gather. One CTA per (token, split) counts:
+// head group 0's.
+__device__ void count_bad_ids(const Params& p, const Work& w) {
+  if (w.group != 0) return;
+  int bad = 0;
+  for (int j = threadIdx.x; j < w.n_mine; j += kWarpgroupThreads) {
+    const int idx = __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
+    bad += !in_cache(p, idx) && idx != -1;
+  }
+  if (bad > 0) atomicAdd(p.bad_index_count, bad);
 }
 
 // ---- producer: bf16 -------------------------------------------------------------------------------
@@ -359,26 +369,25 @@ constexpr int kMaskedColumn = -1;
 __device__ __forceinline__ int column_code(int shift) { return __float_as_int(pow2(shift)); }
 
 // This lane's token index of pass q (kPasses passes per block).
-__device__ __forceinline__ int pass_index(const Params& p, const Work& w, int q, int& bad) {
-  return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken, bad);
+__device__ __forceinline__ int pass_index(const Params& p, const Work& w, int q) {
+  return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken);
 }
 
 __device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
   const int piece = threadIdx.x % kLanesPerToken;
   const __nv_bfloat16* ckv = static_cast<const __nv_bfloat16*>(p.kv_a);
   const __nv_bfloat16* kpe = static_cast<const __nv_bfloat16*>(p.kv_b);
-  int bad = 0;
   for (int b = 0; b < w.num_blocks; ++b) {
     const int stage = b % kStages;
     // Every index first: their loads are independent and in flight together.
     int idx[kPasses];
 #pragma unroll
-    for (int pass = 0; pass < kPasses; ++pass) idx[pass] = pass_index(p, w, b * kPasses + pass, bad);
+    for (int pass = 0; pass < kPasses; ++pass) idx[pass] = pass_index(p, w, b * kPasses + pass);
     if (b >= kStages) mbar_wait(sm.empty(stage), ((b / kStages) - 1) & 1);  // consumers done with block b - 2
 #pragma unroll
     for (int pass = 0; pass < kPasses; ++pass) {
       const int token = pass * kTokensPerPass + threadIdx.x / kLanesPerToken;
-      const bool valid = idx[pass] >= 0;
+      const bool valid = in_cache(p, idx[pass]);
       // A masked row is zero-filled without a read: P = 0 there, and 0 * garbage could be NaN.
       const uint32_t bytes = valid ? 16 : 0;
       const long long row = valid ? idx[pass] : 0;
@@ -396,8 +405,7 @@ __device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
     fence_proxy_async();  // cp.async writes (generic proxy) are read by wgmma (async proxy)
     mbar_arrive(sm.full(stage));
   }
-  // Every head group's CTA gathers the same ids: one lane per token of the first counts them.
-  add_bad_ids(p, piece == 0 && w.group == 0, bad);
+  count_bad_ids(p, w);
 }
 
 // ---- producer: FP8 --------------------------------------------------------------------------------
@@ -420,8 +428,8 @@ struct Fp8Slice {
 __device__ __forceinline__ Fp8Slice load_fp8(const Params& p, int idx) {
   const int piece = threadIdx.x % kLanesPerToken;
   Fp8Slice s;
-  s.idx = idx;
-  if (idx >= 0) {
+  s.idx = in_cache(p, idx) ? idx : -1;
+  if (s.idx >= 0) {
     const uint8_t* token = static_cast<const uint8_t*>(p.kv_a) + static_cast<long long>(s.idx) * kFp8TokenBytes;
 #pragma unroll
     for (int g = 0; g < kNumScales; ++g) s.e[g] = ld_global_nc_v4(token + g * kScaleGroup + piece * 16);
@@ -564,10 +572,7 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
   // The first token of this CTA's pass q (kMyPasses per block), block-relative; this lane's token.
   const auto first_token_of = [rank](int q) { return (rank * kMyPasses + q % kMyPasses) * kTokensPerPass; };
   const auto token_of = [&](int q) { return first_token_of(q) + static_cast<int>(threadIdx.x) / kLanesPerToken; };
-  // Peers in a cluster gather disjoint passes, so each counts its own; apart, the first head group counts.
-  const bool counts = threadIdx.x % kLanesPerToken == 0 && (kPeers > 1 || w.group == 0);
-  int bad = 0;
-  const auto index_of = [&](int q) { return gather_index(p, w, q / kMyPasses, token_of(q), bad); };
+  const auto index_of = [&](int q) { return gather_index(p, w, q / kMyPasses, token_of(q)); };
   const int passes = w.num_blocks * kMyPasses;
   if (passes == 0) return;
   Fp8Slice cur = load_fp8(p, index_of(0));
@@ -606,7 +611,7 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
     }
     cur = next;
   }
-  add_bad_ids(p, counts, bad);
+  count_bad_ids(p, w);
 }
 
 // Two floats -> two fp16 or bf16 in one word (low half first), rounded to nearest.
