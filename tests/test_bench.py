@@ -193,7 +193,7 @@ def test_csv_names_its_columns_and_carries_the_scores(tmp_path):
     assert header.split(",") == [
         "solution", "kind", "impl", "definition", "workload", "label", "axes", "method", "iters", "trials",
         "median_us", "min_us", "max_us", "spread_us", "trial_medians_us", "size", "needed_bytes", "needed_flops",
-        "speedup", "gbps", "pct_copy_bw", "tflops", "pct_bf16_peak", "active_sms"]
+        "speedup", "gbps", "pct_copy_bw", "tflops", "pct_bf16_peak", "active_sms", "gpu", "gpu_uuid", "host"]
     (scores,) = [line for line in text.splitlines() if line.startswith("# scores: ")]
     assert json.loads(scores.removeprefix("# scores: ")) == [SCORE]
     row = next(r for r in text.splitlines() if r.startswith("torch-topk,"))
@@ -465,7 +465,7 @@ def test_a_cut_off_bench_keeps_the_rows_of_finished_workloads(monkeypatch, tmp_p
     """The CSV is rewritten after each workload: a run killed by a time limit keeps what it measured."""
     ids = ("edge-topk-len65", "edge-topk-len2049")
 
-    def bench_then_die(workloads_, settings, command, progress=None, on_ready=None, on_workload=None):
+    def bench_then_die(workloads_, settings, command, progress=None, on_ready=None, on_workload=None, executor=None):
         meta = {"command": command, "gpu": "Fake GPU", "sm_count": 1, "sm_clock_mhz": 1, "max_sm_clock_mhz": 1,
                 "driver": "x", "timing_method": "fake", "peaks": {"copy_gbps": 1.0, "bf16_tflops": 1.0},
                 "self_check": {"ok": True, "method": "fake", "nbytes": 2**20, "measured_us": 1.0, "expected_us": 1.0,

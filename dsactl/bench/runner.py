@@ -24,6 +24,7 @@ from dsactl.workloads import Workload
 
 REFERENCE_ITERS = 3
 REFERENCE_WARMUP = 1
+LOST = "(every contender)"  # the name a workload whose worker died is reported under
 
 # (bound callable, iterations, warmup) -> (method used, per-call microseconds)
 Timer = Callable[[Callable[[], Any], int, int], tuple[str, list[float]]]
@@ -79,6 +80,9 @@ class Result:
     tflops: float | None = None  # needed_flops / median, 1e12 FLOP/s
     pct_bf16_peak: float | None = None  # tflops over the measured bf16 matmul rate, %
     active_sms: int | None = None
+    gpu: str = ""  # the GPU that timed it, its UUID and host
+    gpu_uuid: str = ""
+    host: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +105,7 @@ class BenchRun:
     meta: dict[str, Any]
     results: list[Result] = field(default_factory=list)
     skipped: list[Skipped] = field(default_factory=list)
+    gpu_meta: dict[str, dict[str, Any]] = field(default_factory=dict)  # GPU name -> the header its rows carry
 
     def scores(self) -> list[Score]:
         """Per (solution, definition) other than the reference, in first-seen order: mean latency
@@ -180,16 +185,21 @@ def run_bench(workloads: Sequence[Workload], settings: Settings, timer: Timer, *
         run.skipped.extend(skipped)
         for w in group:
             rows = _bench_workload(w, contenders, settings, timer, device, sm_count, run.skipped, progress)
-            for r in rows:
-                _rates(r, peaks)
-            reference = next((r for r in rows if r.kind == "reference"), None)
-            if reference is not None:
-                for r in rows:
-                    r.speedup = reference.median_us / r.median_us
+            _finish(rows, peaks)
             run.results.extend(rows)
             if on_workload:
                 on_workload(run)
     return run
+
+
+def _finish(rows: list[Result], peaks: Any) -> None:
+    """Rates against the peaks, and speedups over the workload's reference row."""
+    for r in rows:
+        _rates(r, peaks)
+    reference = next((r for r in rows if r.kind == "reference"), None)
+    if reference is not None:
+        for r in rows:
+            r.speedup = reference.median_us / r.median_us
 
 
 def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings, timer: Timer, device: str,
@@ -298,29 +308,112 @@ def environment(command: str, method: str, settings: Settings, peaks: Any, self_
     }
 
 
-def bench(workloads: Sequence[Workload], settings: Settings, command: str,
-          progress: Callable[[str], None] | None = None,
-          on_ready: Callable[[dict[str, Any]], None] | None = None,
-          on_workload: Callable[[BenchRun], None] | None = None) -> BenchRun:
-    """The real run on this GPU: pick the timing method, load peaks, self-check, time.
-    on_ready(meta) is called once the environment is known, before the long part."""
+@dataclass
+class _Session:
+    """A process's timing setup (method, self-check, peaks, L2 flusher), made for its first workload."""
+
+    key: tuple
+    meta: dict[str, Any]
+    timer: Timer
+    sm_count: int
+    peaks: Any
+    device: str = "cuda"
+
+
+_session: list[_Session] = []  # at most one: a worker process serves one run
+
+
+def session(settings: Settings, command: str) -> _Session:
     import torch
 
     from dsactl.bench import peaks as peaks_mod
 
-    check_settings(settings)
+    key = (command, settings.method, settings.warmup, settings.iters, settings.trials)
+    if _session and _session[0].key == key:
+        return _session[0]
     if not torch.cuda.is_available():
         raise DsactlError("bench needs a CUDA GPU (torch sees none)")
     flusher = timing.L2Flusher()
     peaks = peaks_mod.load_or_measure()
     method, check, rejected = checked_method(settings.method, peaks, flusher)
-    meta = environment(command, method, settings, peaks, check, rejected)
-    if on_ready:
-        on_ready(meta)
 
     def timer(fn: Callable[[], Any], iters: int, warmup: int) -> tuple[str, list[float]]:
         return timing.measure(fn, method, iters, warmup, flusher)
 
     sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    return run_bench(workloads, settings, timer, sm_count=sm_count, peaks=peaks, meta=meta, progress=progress,
-                     on_workload=on_workload)
+    _session[:] = [_Session(key, environment(command, method, settings, peaks, check, rejected), timer, sm_count,
+                            peaks)]
+    return _session[0]
+
+
+@dataclass(frozen=True)
+class Job:
+    """One workload: what a worker times, every contender on the same inputs."""
+
+    workload: Workload
+    settings: Settings
+    command: str
+
+
+@dataclass
+class Outcome:
+    rows: list[Result]
+    skipped: list[Skipped]
+    meta: dict[str, Any]  # the header of the GPU that timed it
+
+
+def run_job(job: Job) -> Outcome:
+    s = session(job.settings, job.command)
+    contenders, skipped = contenders_for(job.workload.definition, job.settings)
+    rows = _bench_workload(job.workload, contenders, job.settings, s.timer, s.device, s.sm_count, skipped, None)
+    _finish(rows, s.peaks)
+    return Outcome(rows, skipped, s.meta)
+
+
+def bench(workloads: Sequence[Workload], settings: Settings, command: str,
+          progress: Callable[[str], None] | None = None,
+          on_ready: Callable[[dict[str, Any]], None] | None = None,
+          on_workload: Callable[[BenchRun], None] | None = None, executor: Any = None) -> BenchRun:
+    """The real run, one job per workload through executor (default: this process, on its GPU).
+    Each worker picks its timing method, loads its peaks and self-checks once. on_ready(meta) is
+    called once the environment is known (in this process: before the long part; elsewhere: with the
+    first result), progress(workload id) as a workload is handed out, on_workload(run so far) as one
+    comes back; rows stay in the order of a plain run, each stamped with the GPU that timed it."""
+    from dsactl.executor.local import LocalExecutor
+
+    check_settings(settings)
+    executor = executor or LocalExecutor()
+    run = BenchRun(meta={})
+    if executor.local:
+        run.meta = dict(session(settings, command).meta)
+        if on_ready:
+            on_ready(run.meta)
+    # Grouped by definition, as run_bench orders its rows.
+    definitions = dict.fromkeys(w.definition for w in workloads)
+    jobs = [Job(w, settings, command) for d in definitions for w in workloads if w.definition == d]
+    outcomes: list[Outcome | None] = [None] * len(jobs)
+
+    def started(index: int) -> None:
+        if progress:
+            progress(jobs[index].workload.uuid)
+
+    for done in executor.map(run_job, jobs, started):
+        w = jobs[done.index].workload
+        if done.error is not None:
+            outcome = Outcome([], [Skipped(LOST, "solution", w.definition, done.error, w.uuid)], {})
+        else:
+            outcome = done.result
+            place = done.placement
+            for r in outcome.rows:
+                r.gpu, r.gpu_uuid, r.host = place.gpu, place.uuid, place.host
+            run.gpu_meta.setdefault(place.gpu, outcome.meta)
+            if not run.meta:
+                run.meta = dict(outcome.meta)
+                if on_ready:
+                    on_ready(run.meta)
+        outcomes[done.index] = outcome
+        run.results = [r for o in outcomes if o is not None for r in o.rows]
+        run.skipped = list(dict.fromkeys(s for o in outcomes if o is not None for s in o.skipped))
+        if on_workload:
+            on_workload(run)
+    return run

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import shlex
 import sys
-from pathlib import Path
 from typing import List, Optional
 
 import typer
 
+from dsactl.cli import workers
 from dsactl.cli.render import console, err_console
 
 # Exit codes: 0 ok; 1 a regression against --compare, or a solution failed to run;
@@ -64,35 +64,33 @@ def register(app: typer.Typer) -> None:
         compare_path: Optional[str] = typer.Option(None, "--compare",
                                                    help="Older bench CSV: flag regressions, exit 1 on any."),
         plot_dir: Optional[str] = typer.Option(None, "--plot", help="Write latency and speedup PNGs here."),
+        gpus: Optional[str] = workers.gpus_option(),
+        ray: Optional[str] = workers.ray_option(),
     ) -> None:
         """Time solutions, the reference and baselines on a suite; report latency, speedup, GB/s, TFLOP/s."""
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        from dsactl import executor as executors
         from dsactl import workloads as wl
-        from dsactl.bench import compare, plot, report, runner
+        from dsactl.bench import compare, merge, plot, report, runner
 
         settings = runner.Settings(warmup=warmup, iters=iters, trials=trials, method=method,
                                    include_reference=not no_reference, baselines=baseline or None,
                                    solutions=solution or None)
         runner.check_settings(settings)
+        run_on = executors.choose(gpus, ray)
         for path in (csv_path, json_path):
             if path:
                 report.check_writable(path)
         selected = wl.select(suite, dataset, definition, workload or ())
         old = report.read_csv(compare_path) if compare_path else None
 
-        save = not no_save or csv_path or json_path
-        paths: dict[str, Path] = {}
+        stem = report.default_stem(dataset or suite, definition, solution or None)
+        defaults = not no_save  # profiles/<gpu>/<stem>.csv|json, one pair per GPU type
 
         def ready(meta) -> None:
-            if save:
-                default_csv, default_json = report.default_paths(
-                    meta["gpu"], report.default_stem(dataset or suite, definition, solution or None))
-                if csv_path or not no_save:
-                    paths["csv"] = Path(csv_path or default_csv)
-                if json_path or not no_save:
-                    paths["json"] = Path(json_path or default_json)
-                for path in paths.values():
+            if defaults:
+                for path in report.default_paths(meta["gpu"], stem):
                     report.check_writable(path)
             console.print(f"GPU {meta['gpu']} ({meta['sm_count']} SMs, SM clock {meta['sm_clock_mhz']}/"
                           f"{meta['max_sm_clock_mhz']} MHz, driver {meta['driver']}); timing: {meta['timing_method']}, "
@@ -113,21 +111,28 @@ def register(app: typer.Typer) -> None:
                           f"({check['deviation']:+.1%}){'' if check['ok'] else ': latencies are suspect'}[/]")
 
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=err_console, transient=True) as bar:
-            task = bar.add_task("bench", total=len(selected) * trials)
-            started = [0]
+        where = None
+        try:
+            if not run_on.local:
+                where = run_on.describe()
+                console.print(f"on {where}")
+            with Progress(*columns, console=err_console, transient=True) as bar:
+                task = bar.add_task("bench", total=len(selected))
+                finished = [0]
 
-            def advance(text: str) -> None:  # called as each (workload, trial) starts
-                bar.update(task, completed=started[0], description=text)
-                started[0] += 1
+                def keep(partial) -> None:  # rewrite the files as each workload finishes: a cut-off run keeps its rows
+                    finished[0] += 1
+                    bar.update(task, completed=finished[0])
+                    partial.meta["complete"] = f"{len({r.workload for r in partial.results})} of {len(selected)} workloads"
+                    merge.write(partial, stem, csv_path, json_path, defaults)
 
-            def keep(partial) -> None:  # rewrite the files as each workload finishes: a cut-off run keeps its rows
-                partial.meta["complete"] = f"{len({r.workload for r in partial.results})} of {len(selected)} workloads"
-                _save(partial, paths)
-
-            run = runner.bench(selected, settings, _command_line(), progress=advance, on_ready=ready,
-                               on_workload=keep)
-            run.meta.pop("complete", None)
+                run = runner.bench(selected, settings, _command_line(), progress=lambda text: bar.update(
+                                       task, description=text), on_ready=ready, on_workload=keep, executor=run_on)
+                run.meta.pop("complete", None)
+        finally:
+            run_on.close()
+        if where:
+            run.meta["workers"] = where
 
         if run.results:
             console.print(report.results_table(run.results))
@@ -136,7 +141,9 @@ def register(app: typer.Typer) -> None:
         if run.skipped:
             console.print(report.skipped_table(run.skipped))
 
-        for written in _save(run, paths):
+        if not run_on.local and run.results:
+            console.print(workers.placements_line(run.results), soft_wrap=True)
+        for written in merge.write(run, stem, csv_path, json_path, defaults):
             console.print(f"wrote {written}")
         if plot_dir:
             for path in plot.plot(run.results, plot_dir):
@@ -153,13 +160,3 @@ def register(app: typer.Typer) -> None:
         if regressed or failed:
             raise typer.Exit(EXIT_REGRESSION)
 
-
-def _save(run, paths: dict) -> list:
-    from dsactl.bench import report
-
-    written = []
-    if "csv" in paths:
-        written.append(report.write_csv(paths["csv"], run))
-    if "json" in paths:
-        written.append(report.write_json(paths["json"], run))
-    return written

@@ -8,6 +8,7 @@ from typing import List, Optional
 
 import typer
 
+from dsactl.cli import workers
 from dsactl.cli.paths import output_dir, output_file
 from dsactl.cli.render import console, table, write_json
 from dsactl.errors import DsactlError
@@ -168,12 +169,17 @@ def register(app: typer.Typer) -> None:
                                       help="Also run the calls under compute-sanitizer memcheck and racecheck."),
         calls_only: bool = typer.Option(False, "--calls-only", hidden=True,
                                         help="One call per pair, nothing judged (the sanitizer's child run)."),
+        gpus: Optional[str] = workers.gpus_option(),
+        ray: Optional[str] = workers.ray_option(),
     ) -> None:
         """Check solutions against the references: tolerance per element, top-k set semantics,
         poisoned outputs, fresh inputs per trial. Exit 0: all verified pairs passed; 1: a failure;
         3: nothing could run here."""
         output_file(json_path, "--json")
         output_dir(save_failures, "--save-failures")
+        from dsactl import executor as executors
+
+        run_on = executors.choose(gpus, ray)
         import torch
 
         gpu = torch.cuda.is_available()
@@ -224,17 +230,21 @@ def register(app: typer.Typer) -> None:
 
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                      console=console, transient=True) as progress:
-            task = progress.add_task("verify", total=None)
-
-            def on_start(c, w, index, total):
-                progress.update(task, total=total, description=f"{c.name} · {w.uuid}")
-
-            report = runner.verify(cands, chosen, trials, tol, device, save_dir=save_failures,
-                                   on_start=on_start, on_result=lambda r: progress.advance(task),
-                                   left_out=left_out)
+        try:
+            if not run_on.local:
+                console.print(f"on {run_on.describe()}")
+            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                          console=console, transient=True) as progress:
+                task = progress.add_task("verify", total=len(chosen))
+                report = runner.verify(cands, chosen, trials, tol, device, save_dir=save_failures,
+                                       on_start=lambda w, index, total: progress.update(task, description=w.uuid),
+                                       on_workload=lambda w, results: progress.advance(task),
+                                       left_out=left_out, executor=run_on)
+        finally:
+            run_on.close()
         _render(report)
+        if not run_on.local:
+            console.print(workers.placements_line(report.results), soft_wrap=True)
 
         sanitize_reports = []
         if sanitize:

@@ -104,6 +104,9 @@ class WorkloadResult:
     repro: str = ""  # one-line command that re-runs this case
     saved: str | None = None  # folder with the failing inputs, when saved
     baseline: bool = False
+    gpu: str = ""  # the device that ran it ("cpu" under the interpreter), its UUID and host
+    gpu_uuid: str = ""
+    host: str = ""
 
 
 @dataclass
@@ -356,27 +359,84 @@ def verify_pair(c: Candidate, w: Workload, trials: int = 3, tol: rules.Tolerance
     return result
 
 
+@dataclass(frozen=True)
+class Job:
+    """One workload and every candidate: what a worker verifies. The worker plans the pairs itself,
+    so which solutions can run is decided on the GPU that runs them."""
+
+    candidates: tuple[Candidate, ...]
+    workload: Workload
+    trials: int
+    tol: rules.Tolerance
+    device: str | None  # None: the worker's default
+    save_dir: str | None
+
+
+@dataclass
+class Outcome:
+    results: list[WorkloadResult]
+    skipped: list[Skipped]
+
+
+def run_job(job: Job) -> Outcome:
+    pairs, skipped = plan(job.candidates, [job.workload])
+    return Outcome([verify_pair(c, w, job.trials, job.tol, job.device, job.save_dir) for c, w in pairs], skipped)
+
+
+def lost(job: Job, why: str) -> Outcome:
+    """A job whose worker died: an error row for every candidate serving its workload, with the reason."""
+    w = job.workload
+    return Outcome([WorkloadResult(c.name, w.definition, w.uuid, w.suite, w.label, ERROR, 0, 0.0, 0.0, 0.0, 0.0, None,
+                                   problems=[why], baseline=c.baseline)
+                    for c in job.candidates if c.serves(w.definition)], [])
+
+
+def _merge_skipped(groups: Iterable[Sequence[Skipped]]) -> list[Skipped]:
+    """Per-workload skips summed per (solution, definition, reason), in first-seen order."""
+    counts: Counter[tuple[str, str, str]] = Counter()
+    for group in groups:
+        for s in group:
+            counts[s.solution, s.definition, s.reason] += s.workloads
+    return [Skipped(s, d, reason, n) for (s, d, reason), n in counts.items()]
+
+
 def verify(candidates: Sequence[Solution | Callable | Candidate], workloads: Sequence[Workload], trials: int = 3,
            tol: rules.Tolerance = rules.Tolerance(), device: str | None = None,
            save_dir: str | Path | None = None,
-           on_start: Callable[[Candidate, Workload, int, int], None] | None = None,
-           on_result: Callable[[WorkloadResult], None] | None = None,
-           left_out: Sequence[Skipped] = ()) -> Report:
+           on_start: Callable[[Workload, int, int], None] | None = None,
+           on_workload: Callable[[Workload, list[WorkloadResult]], None] | None = None,
+           left_out: Sequence[Skipped] = (), executor: Any = None) -> Report:
     """Verify every runnable (solution, workload) pair; list the rest as skipped, with
     left_out: the selected workloads not passed in (quick_subset's).
-    on_start(candidate, workload, index, total) and on_result(result) report progress."""
+    executor (dsactl.executor; default: this process) runs one job per workload; results come back
+    in the order of a plain run, each stamped with the GPU that produced it.
+    on_start(workload, index, total) as a workload is handed out, on_workload(workload, its results) as
+    each comes back."""
+    from dsactl.executor.local import LocalExecutor
+
+    executor = executor or LocalExecutor()
     device = device or default_device()
-    pairs, skipped = plan([candidate(c) for c in candidates], workloads)
-    report = Report(device, tol, trials, skipped=[*left_out, *skipped],
-                    selected=len(workloads) + sum(s.workloads for s in left_out))
-    for index, (c, w) in enumerate(pairs):
+    cands = tuple(candidate(c) for c in candidates)
+    jobs = [Job(cands, w, trials, tol, device if executor.local else None,
+                None if save_dir is None else str(save_dir)) for w in workloads]
+    outcomes: list[Outcome | None] = [None] * len(jobs)
+
+    def started(index: int) -> None:
         if on_start:
-            on_start(c, w, index, len(pairs))
-        result = verify_pair(c, w, trials, tol, device, save_dir)
-        report.results.append(result)
-        if on_result:
-            on_result(result)
-    return report
+            on_start(jobs[index].workload, index, len(jobs))
+
+    for done in executor.map(run_job, jobs, started):
+        outcome = done.result if done.error is None else lost(jobs[done.index], done.error)
+        for r in outcome.results:
+            if done.placement is not None:
+                r.gpu, r.gpu_uuid, r.host = done.placement.gpu, done.placement.uuid, done.placement.host
+        outcomes[done.index] = outcome
+        if on_workload:
+            on_workload(jobs[done.index].workload, outcome.results)
+    finished = [o for o in outcomes if o is not None]
+    return Report(device, tol, trials, results=[r for o in finished for r in o.results],
+                  skipped=[*left_out, *_merge_skipped(o.skipped for o in finished)],
+                  selected=len(workloads) + sum(s.workloads for s in left_out))
 
 
 def run_once(candidates: Sequence[Candidate], workloads: Sequence[Workload], device: str | None = None,

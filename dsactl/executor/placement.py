@@ -1,0 +1,33 @@
+"""Which device this process runs its jobs on, asked once per worker process."""
+
+from __future__ import annotations
+
+import functools
+import os
+import socket
+
+from dsactl.executor import Placement
+
+
+@functools.lru_cache(maxsize=None)
+def here() -> Placement:
+    """The first GPU this process sees (a worker sees one: its CUDA_VISIBLE_DEVICES is pinned), else the CPU."""
+    from dsactl.device import has_cuda_gpu
+
+    host = socket.gethostname()
+    if not has_cuda_gpu():
+        return Placement("cpu", "", host)
+    import torch
+
+    props = torch.cuda.get_device_properties(0)
+    uuid = getattr(props, "uuid", None)
+    return Placement(props.name, f"GPU-{uuid}" if uuid is not None else "", host)
+
+
+def use_interpreter_without_gpu() -> None:
+    """Triton kernels run under the CPU interpreter when this process has no GPU; the flag must be set
+    before the first kernel is decorated, so a worker sets it before it imports any solution."""
+    from dsactl.device import has_cuda_gpu
+
+    if not has_cuda_gpu():
+        os.environ.setdefault("TRITON_INTERPRET", "1")

@@ -1,0 +1,148 @@
+"""A Ray cluster: one actor per GPU (num_gpus=1, so Ray pins each to its own GPU), workloads as actor calls.
+
+Ray places the actors, moves jobs and results through its object store, and restarts an actor that dies
+(max_restarts), re-running the call it was in (max_task_retries); a call still lost after that comes back
+as failed with Ray's reason. On a cluster without GPUs (CI, a laptop) the actors take a CPU each and run
+Triton under the interpreter. Ray is an optional dependency (`pip install 'dsactl[ray]'`), imported only
+here and only when --ray is given.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterator, Sequence
+
+from dsactl.errors import DsactlError
+from dsactl.executor import Done, Placement
+from dsactl.executor.dispatch import WorkerLost, dispatch
+
+RESTARTS = 2  # times Ray restarts a dead actor
+TASK_RETRIES = 1  # times Ray re-runs a call whose actor died (a kernel that kills its process twice is failed)
+PING_TIMEOUT_S = 120  # an actor that Ray is restarting answers once it is back
+
+
+def import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise DsactlError("--ray needs Ray, which is not installed here: pip install 'dsactl[ray]'") from None
+    return ray
+
+
+class RayWorker:
+    """The actor: one GPU (or CPU), jobs one at a time."""
+
+    def __init__(self):
+        from dsactl.executor.placement import use_interpreter_without_gpu
+
+        use_interpreter_without_gpu()
+
+    def ping(self) -> bool:
+        return True
+
+    def run(self, fn: Callable[[Any], Any], job: Any) -> tuple[Any, Placement]:
+        from dsactl.executor.placement import here
+
+        return fn(job), here()
+
+
+class _RayWorkers:
+    def __init__(self, ray, gpus: int, actors: int, restarts: int, task_retries: int):
+        self.ray = ray
+        self.gpus = gpus
+        resources = {"num_gpus": 1} if gpus else {"num_cpus": 1}
+        self.actor_class = ray.remote(RayWorker).options(**resources, max_restarts=restarts,
+                                                         max_task_retries=task_retries)
+        self.count = actors
+        self.actors: list[Any] = []
+        self.started = False
+
+    def start(self) -> list[Any]:
+        # Created once and kept for the next map(): more actors than GPUs would wait for a GPU forever.
+        if not self.started:
+            self.started = True
+            self.actors = [self.actor_class.remote() for _ in range(self.count)]
+        return list(self.actors)
+
+    def submit(self, actor, fn: Callable[[Any], Any], job: Any):
+        return actor.run.remote(fn, job)
+
+    def wait(self, running: list[Any]) -> list[Any]:
+        ready, rest = self.ray.wait(running, num_returns=1)
+        more, _ = self.ray.wait(rest, num_returns=len(rest), timeout=0) if rest else ([], [])
+        return ready + more
+
+    def collect(self, actor, future) -> tuple[Any, Placement]:
+        exceptions = self.ray.exceptions
+        try:
+            return self.ray.get(future)
+        except exceptions.RayActorError as e:
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise WorkerLost(f"its Ray actor died while running it, after Ray's retries ({why})") from None
+        except exceptions.RayTaskError as e:
+            raise e.cause if e.cause is not None else e from None
+
+    def replace(self, actor):
+        try:
+            self.ray.get(actor.ping.remote(), timeout=PING_TIMEOUT_S)
+        except Exception:  # dead for good (restarts used up) or unreachable: its GPU is given up
+            self.actors.remove(actor)
+            return None
+        return actor
+
+    def close(self) -> None:
+        for actor in self.actors:
+            self.ray.kill(actor)
+        self.actors = []
+
+
+class RayExecutor:
+    """address: "auto" (the running cluster), "local" (start one on this machine), an address
+    (ray://host:10001, host:6379), or None (the Ray session this process already holds). Ray is
+    imported now, so a missing install fails before any work; the cluster is joined on first use."""
+
+    local = False
+
+    def __init__(self, address: str | None = "auto", restarts: int = RESTARTS, task_retries: int = TASK_RETRIES):
+        self.ray = import_ray()
+        self.address = address
+        self.restarts, self.task_retries = restarts, task_retries
+        self.owned = False
+        self._workers: _RayWorkers | None = None
+
+    def _join(self) -> _RayWorkers:
+        if self._workers is not None:
+            return self._workers
+        ray = self.ray
+        if not ray.is_initialized():
+            if self.address is None:
+                raise DsactlError("no Ray session in this process to run on")
+            try:
+                ray.init(address=None if self.address == "local" else self.address, include_dashboard=False,
+                         log_to_driver=False, logging_level="error")
+            except (ConnectionError, RuntimeError, ValueError) as e:
+                raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster "
+                                  f"({(str(e).strip().splitlines() or [''])[0]})") from None
+            self.owned = True
+        resources = ray.cluster_resources()
+        gpus = int(resources.get("GPU", 0))
+        self._workers = _RayWorkers(ray, gpus, max(1, gpus or int(resources.get("CPU", 1))), self.restarts,
+                                    self.task_retries)
+        return self._workers
+
+    def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any],
+            started: Callable[[int], None] | None = None) -> Iterator[Done]:
+        # Ray already re-ran a call whose actor died; what comes back lost stays lost.
+        return dispatch(self._join(), fn, jobs, 0, started)
+
+    def describe(self) -> str:
+        workers = self._join()
+        kind = "GPU" if workers.gpus else "CPU (the cluster has no GPU: Triton under the interpreter)"
+        return f"Ray, {workers.count} actors, one per {kind}"
+
+    def close(self) -> None:
+        if self._workers is not None:
+            self._workers.close()
+            self._workers = None
+        if self.owned:
+            self.ray.shutdown()
+            self.owned = False

@@ -1,0 +1,291 @@
+"""The executors: a sweep on worker processes (fake GPUs: CPU processes) or on a local Ray cluster gives the
+same verdicts as a plain run, every workload comes back exactly once when workers die, and the
+--gpus / --ray options fail in one line."""
+
+from __future__ import annotations
+
+import functools
+import os
+import subprocess
+import sys
+from collections import Counter
+
+import pytest
+
+from dsactl import executor
+from dsactl.errors import DsactlError
+from dsactl.executor.host import HostExecutor, _visible, host_gpus
+from dsactl.verify import runner
+from dsactl.workloads import select
+from executor_jobs import always_die, die_once, square
+
+# Small workloads, Triton under the interpreter included (empty rows: milliseconds), and a failing solution.
+WORKLOADS = ["hostile-attention-empty-h16-bf16", "hostile-attention-empty-h16-fp8", "hostile-after-topk",
+             "hostile-topk-empty-fp32"]
+TOPK = "dsa_topk_page_transform_topk2048_ps64"
+
+
+def _candidates():
+    from dsactl import solutions
+    from dsactl.solutions import Solution
+
+    broken = Solution("test-drops_index", (TOPK,), "python", "broken_solutions:drops_index", "test", needs_gpu=False)
+    chosen = select("hostile", workload_ids=WORKLOADS)
+    serving = [s for s in solutions.SOLUTIONS if any(s.serves(w.definition) for w in chosen)]
+    return [runner.candidate(s) for s in [*serving, broken]], chosen
+
+
+def _verdicts(report) -> Counter:
+    return Counter((r.solution, r.workload, r.status) for r in report.results)
+
+
+@pytest.fixture(scope="module")
+def local_report():
+    cands, chosen = _candidates()
+    return runner.verify(cands, chosen, trials=1)
+
+
+def _exactly_once(done, n):
+    assert sorted(d.index for d in done) == list(range(n))
+
+
+# ---------------------------------------------------------------- fake GPUs: worker processes on the CPU
+
+def test_host_executor_spreads_jobs_over_its_gpus_one_at_a_time_each():
+    ex = HostExecutor(["0", "1"])
+    try:
+        done = list(ex.map(square, list(range(8))))
+    finally:
+        ex.close()
+    _exactly_once(done, 8)
+    assert all(d.error is None and d.result[0] == d.index ** 2 for d in done)
+    by_gpu: dict[str, list] = {}
+    for d in done:
+        by_gpu.setdefault(d.result[1], []).append(d.result[2:])
+    assert set(by_gpu) == {"0", "1"}, "each worker is pinned to its own GPU"
+    for spans in by_gpu.values():
+        spans.sort()
+        assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:])), "serial per GPU"
+
+
+def test_host_executor_reruns_the_job_of_a_dead_worker(tmp_path):
+    ex = HostExecutor(["0", "1"])
+    try:
+        done = list(ex.map(functools.partial(die_once, str(tmp_path / "died"), square), list(range(5))))
+    finally:
+        ex.close()
+    _exactly_once(done, 5)
+    assert all(d.error is None and d.result[0] == d.index ** 2 for d in done)
+
+
+def test_host_executor_reports_a_job_that_kills_every_worker_once_with_the_reason():
+    ex = HostExecutor(["0", "1"], retries=1, restarts=1)
+    try:
+        done = list(ex.map(always_die, list(range(3))))
+    finally:
+        ex.close()
+    _exactly_once(done, 3)
+    assert all(d.result is None and d.placement is None for d in done)
+    # four workers (two GPUs, one restart each) and two lost per job: one job finds none left
+    died = [d.error for d in done if "died while running it (2 workers lost on it)" in d.error]
+    left = [d.error for d in done if d.error.startswith("not run: every worker was lost (last: the worker process")]
+    assert (len(died), len(left)) == (2, 1), [d.error for d in done]
+
+
+def test_host_gpus_are_checked_against_the_driver(monkeypatch):
+    monkeypatch.setattr("dsactl.device.driver_gpu_count", lambda: 2)
+    assert host_gpus(None) == ["0", "1"] and host_gpus(["1"]) == ["1"]
+    with pytest.raises(DsactlError, match=r"this host has 2 GPUs \(0-1\), no GPU 2"):
+        host_gpus(["0", "2"])
+    monkeypatch.setattr("dsactl.device.driver_gpu_count", lambda: 0)
+    with pytest.raises(DsactlError, match="no CUDA GPU"):
+        host_gpus(None)
+    assert host_gpus(["0", "1"]) == ["0", "1"], "without a GPU: CPU workers"
+
+
+def test_a_pinned_gpu_is_numbered_within_the_visible_ones(monkeypatch):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert _visible("1") == "3"
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
+    assert _visible("1") == "1"
+
+
+@pytest.mark.parametrize("text, message", [("x", "--gpus takes all or GPU indices"), ("0,0", "names a GPU twice"),
+                                           ("", "--gpus takes all or GPU indices")])
+def test_gpus_option_parsing(text, message):
+    with pytest.raises(DsactlError, match=message):
+        executor.parse_gpus(text)
+
+
+def test_verify_through_the_host_executor_gives_the_plain_run_verdicts(local_report):
+    cands, chosen = _candidates()
+    ex = HostExecutor(["0", "1"])
+    try:
+        report = runner.verify(cands, chosen, trials=1, executor=ex)
+    finally:
+        ex.close()
+    assert _verdicts(report) == _verdicts(local_report)
+    assert [r.workload for r in report.results] == [r.workload for r in local_report.results], "plain run order"
+    assert report.skipped == local_report.skipped
+    assert all(r.gpu == "cpu" and r.host for r in report.results)
+
+
+# ---------------------------------------------------------------- a local Ray cluster
+
+@pytest.fixture(scope="module")
+def ray_session():
+    ray = pytest.importorskip("ray")
+    # The actors import this file's helpers and broken_solutions by name, as the host workers do.
+    here = os.path.dirname(os.path.abspath(__file__))
+    path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error",
+             runtime_env={"env_vars": {"PYTHONPATH": path}})
+    yield ray
+    ray.shutdown()
+
+
+def test_verify_on_ray_gives_the_plain_run_verdicts(ray_session, local_report):
+    from dsactl.executor.ray_cluster import RayExecutor
+
+    cands, chosen = _candidates()
+    ex = RayExecutor(None)
+    try:
+        assert ex.describe() == "Ray, 2 actors, one per CPU (the cluster has no GPU: Triton under the interpreter)"
+        report = runner.verify(cands, chosen, trials=1, executor=ex)
+    finally:
+        ex.close()
+    assert _verdicts(report) == _verdicts(local_report)
+    assert report.count("failed") == 1, "the broken solution fails there as here"
+    assert report.skipped == local_report.skipped
+    assert all(r.gpu == "cpu" and r.host for r in report.results)
+
+
+def test_a_ray_actor_killed_mid_run_is_restarted_and_its_workload_rerun(ray_session, tmp_path, local_report):
+    from dsactl.executor.ray_cluster import RayExecutor
+
+    cands, chosen = _candidates()
+    jobs = [runner.Job(tuple(cands), w, 1, runner.rules.Tolerance(), None, None) for w in chosen]
+    ex = RayExecutor(None)
+    try:
+        done = list(ex.map(functools.partial(die_once, str(tmp_path / "died"), runner.run_job), jobs))
+    finally:
+        ex.close()
+    assert (tmp_path / "died").exists(), "an actor died"
+    _exactly_once(done, len(jobs))
+    assert all(d.error is None for d in done)
+    verdicts = Counter((r.solution, r.workload, r.status) for d in done for r in d.result.results)
+    assert verdicts == _verdicts(local_report)
+
+
+def test_a_ray_run_that_loses_every_actor_reports_each_job_once(ray_session):
+    from dsactl.executor.ray_cluster import RayExecutor
+
+    ex = RayExecutor(None, restarts=0, task_retries=0)
+    try:
+        done = list(ex.map(always_die, list(range(3))))
+    finally:
+        ex.close()
+    _exactly_once(done, 3)
+    errors = sorted(d.error for d in done)
+    assert all("its Ray actor died while running it" in e for e in errors[:2])
+    assert errors[2].startswith("not run: every worker was lost")
+
+
+# ---------------------------------------------------------------- the command line
+
+def _dsactl(*args, prelude=""):
+    code = f"import sys; {prelude}sys.argv = ['dsactl', *{list(args)!r}]; from dsactl.cli import main; main()"
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--gpus", "zero"), "error: --gpus takes all or GPU indices like 0,1; got 'zero'"),
+    (("--gpus", "0", "--ray", "auto"), "error: --gpus and --ray exclude each other"),
+])
+def test_bad_gpus_or_ray_options_fail_in_one_line(args, message):
+    r = _dsactl("verify", "--suite", "hostile", "-w", "hostile-after-topk", *args)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().startswith(message) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def test_ray_option_without_ray_installed_says_how_to_get_it():
+    r = _dsactl("bench", "--ray", "auto", prelude="sys.modules['ray'] = None; ")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == "error: --ray needs Ray, which is not installed here: pip install 'dsactl[ray]'"
+
+
+# ---------------------------------------------------------------- bench through an executor; one file pair per GPU type
+
+BENCH_WORKLOADS = ("edge-topk-len1", "edge-topk-len65", "edge-topk-len2049")
+H100, H200 = "NVIDIA H100 80GB HBM3", "NVIDIA H200"
+
+
+class MixedCluster:
+    """Jobs run here, but come back out of order from two GPU types; the job at `lose` lost its worker."""
+
+    local = False
+
+    def __init__(self, lose: int | None = None):
+        self.lose = lose
+
+    def map(self, fn, jobs, started=None):
+        for index in reversed(range(len(jobs))):
+            if started:
+                started(index)
+            if index == self.lose:
+                yield executor.Done(index, None, None, "the worker process of GPU 1 died while running it")
+                continue
+            gpu = (H100, H200)[index % 2]
+            yield executor.Done(index, fn(jobs[index]), executor.Placement(gpu, f"GPU-{index % 2}", "node"))
+
+    def describe(self) -> str:
+        return "two GPU types"
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def cpu_bench(monkeypatch):
+    """bench's per-worker timing setup replaced by a fixed timer on the CPU."""
+    from dsactl.bench import runner as bench_runner
+
+    def timer(fn, iters, warmup):
+        fn()
+        return "fake", [1000.0 if iters == bench_runner.REFERENCE_ITERS else 40.0] * iters
+
+    def session(settings, command):
+        return bench_runner._Session((), {"command": command, "gpu": "worker"}, timer, 1, None, "cpu")
+
+    monkeypatch.setattr(bench_runner, "session", session)
+    chosen = select("edge", workload_ids=BENCH_WORKLOADS)
+    return bench_runner, chosen, bench_runner.Settings(iters=2, trials=1, baselines=["torch-topk"])
+
+
+def test_bench_through_an_executor_keeps_the_plain_order_and_reports_a_lost_workload(cpu_bench):
+    bench_runner, chosen, settings = cpu_bench
+    run = bench_runner.bench(chosen, settings, "pytest", executor=MixedCluster(lose=1))
+    assert [r.workload for r in run.results] == [BENCH_WORKLOADS[0]] * 2 + [BENCH_WORKLOADS[2]] * 2
+    assert {(r.workload, r.gpu, r.gpu_uuid, r.host) for r in run.results} == {
+        (BENCH_WORKLOADS[0], H100, "GPU-0", "node"), (BENCH_WORKLOADS[2], H100, "GPU-0", "node")}
+    (lost,) = run.failed_solutions()
+    assert (lost.name, lost.workload, lost.reason) == (bench_runner.LOST, BENCH_WORKLOADS[1],
+                                                       "the worker process of GPU 1 died while running it")
+    assert all(r.speedup is not None for r in run.results)
+
+
+def test_bench_rows_from_two_gpu_types_go_to_one_file_pair_each(cpu_bench, tmp_path, monkeypatch):
+    from dsactl.bench import merge, report
+    from dsactl.device import gpu_slug
+
+    bench_runner, chosen, settings = cpu_bench
+    monkeypatch.setattr("dsactl.device.profiles_dir", lambda name: tmp_path / gpu_slug(name))
+    run = bench_runner.bench(chosen, settings, "pytest", executor=MixedCluster())
+    written = merge.write(run, "bench-edge", None, None, True)
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in written) == [
+        "h100-80gb-hbm3/bench-edge.csv", "h100-80gb-hbm3/bench-edge.json", "h200/bench-edge.csv", "h200/bench-edge.json"]
+    h200 = report.read_csv(tmp_path / "h200" / "bench-edge.csv")
+    assert {(r.workload, r.gpu) for r in h200.results} == {(BENCH_WORKLOADS[1], H200)}
+    assert report.read_json(tmp_path / "h100-80gb-hbm3" / "bench-edge.json").results[0].gpu == H100
+    (everything,) = merge.write(run, "bench-edge", str(tmp_path / "all.csv"), None, False)
+    assert len(report.read_csv(everything).results) == len(run.results) == 6
