@@ -36,7 +36,7 @@ SLOW = (
     "dsactl build --arch sm90a",
     "dsactl build --arch sm100a --jobs 2",
     "dsactl verify --suite contest",
-    "dsactl verify --suite edge --json verify.json",
+    "dsactl verify --suite edge --json verify.json --gpus 0",
     "dsactl verify --bundle attention.json",
     "dsactl verify --suite all",
 )
