@@ -121,7 +121,8 @@ def indexer_score_kernel(
     end = tl.minimum(start + tokens_per_program, stop)
     end = tl.where(seq_len <= skip_len, start, end)
     qt, w = _query(q_ptr, w_ptr, b, NEXT_N * HEADS, NEXT_N, NQ, HEADS, DIM)
-    bad_pages = 0
+    # Per lane, summed once after the loop: a sum across the tile every step costs a reduction a step.
+    bad_pages = tl.zeros([BLOCK_N], tl.int32)
 
     # tl.range's num_stages marks every load of the loop for the pipeliner, the scales
     # included (a plain range pipelines only the loads that feed the dot, and the scale
@@ -135,7 +136,7 @@ def indexer_score_kernel(
         # A page id outside the cache is never dereferenced; its entry is counted once (at its slot 0,
         # which is live whenever any token of the page is; splits own disjoint pages).
         in_cache = (page >= 0) & (page < num_pages)
-        bad_pages += tl.sum((live & ~in_cache & (slot == 0)).to(tl.int32), 0)
+        bad_pages += (live & ~in_cache & (slot == 0)).to(tl.int32)
         read = live & in_cache
         page = page.to(tl.int64)
         d = tl.arange(0, DIM)
@@ -143,8 +144,9 @@ def indexer_score_kernel(
         scale = tl.load(scale_ptr + page * (PAGE_BYTES // 4) + SCALE_OFFSET // 4 + slot, mask=read, other=0.0)
         _score_tile(k, scale, qt, w, tok, live, in_cache, visible, rows, real_j, scores_ptr, scores_stride, BLOCK_N,
                     NQ, HEADS)
-    if bad_pages > 0:  # after the loop: no branch inside the pipelined one
-        tl.atomic_add(bad_count_ptr, bad_pages)
+    bad_total = tl.sum(bad_pages, 0)
+    if bad_total > 0:  # after the loop: no branch inside the pipelined one
+        tl.atomic_add(bad_count_ptr, bad_total)
 
 
 # ---------------------------------------------------------------------------------------------
