@@ -98,7 +98,7 @@ ATTENTION_NAME = "dsa_sparse_attention_h{heads}_ckv512_kpe64_topk*_ps64{variant}
 
 def _cuda_heads(variant: str) -> tuple[int, ...]:
     """The head counts at which the dispatch may send an attention variant to a CUDA kernel."""
-    return ((dispatch.HOPPER_HEADS if variant in HOPPER_ATTENTION_VARIANTS else ())
+    return ((dispatch.hopper_heads("fp8kv" in variant) if variant in HOPPER_ATTENTION_VARIANTS else ())
             + (dispatch.MMA_HEADS if variant in MMA_ATTENTION_VARIANTS else ()))
 
 
@@ -113,7 +113,8 @@ def _triton_only_entries(variant: str) -> tuple[tuple[str, str], ...]:
 
 
 def _attention_description(variant: str) -> str:
-    cuda = (["the Hopper CUDA kernel at 64/128 heads"] if variant in HOPPER_ATTENTION_VARIANTS else []) + (
+    cuda = (["the Hopper CUDA kernel at 32-128 heads"]
+            if variant in HOPPER_ATTENTION_VARIANTS else []) + (
         ["the small-head CUDA kernel at 16/32 heads from 8-16 tokens"] if variant in MMA_ATTENTION_VARIANTS else [])
     return ((f"on sm_90 {' and '.join(cuda)}, else " if cuda else "")
             + "sparse MLA in Triton: 16-64 heads per program, split-KV sized to fill the SMs, exact fp32 combine"
@@ -140,10 +141,11 @@ SOLUTIONS: list[Solution] = [
                pack_entries=_triton_only_entries(v))
       for v in ATTENTION_VARIANTS),
     *(Solution(f"dsactl-attention-hopper{v.replace('_', '-')}",
-               tuple(f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk*_ps64{v}" for h in (64, 128)),
+               tuple(f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk*_ps64{v}" for h in dispatch.hopper_heads("fp8kv" in v)),
                "cuda", f"dsactl.kernels.attention.hopper_mla:sparse_attention{v}",
                "sparse MLA for sm_90a in CUDA: warp-specialized (a gather producer, two wgmma consumer "
-               "warpgroups splitting the output columns), mbarrier ring, split-KV + the Triton combine"
+               "warpgroups splitting the output columns), mbarrier ring, split-KV + the Triton combine; under "
+               "64 heads a 64-row tile on zero q rows"
                + (", FP8 KV dequantized to fp16 by the producer" if "fp8kv" in v else ""),
                cuda_libs=("hopper_mla",), capability=(9, 0))
       for v in HOPPER_ATTENTION_VARIANTS),

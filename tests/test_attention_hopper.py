@@ -113,7 +113,7 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
                                          cache_tokens, bad_count, None)
 
     bad_shape, bad_alignment, null, bad_cluster, partials_unused = -1, -2, -3, -5, -7
-    assert call(heads=16) == bad_shape and call(heads=96) == bad_shape
+    assert call(heads=8) == bad_shape and call(heads=48) == bad_shape and call(heads=96) == bad_shape
     assert call(topk=100) == bad_shape and call(topk=4096) == bad_shape and call(topk=0) == bad_shape
     assert call(splits=0) == bad_shape and call(splits=hopper_mla.MAX_SPLITS + 1) == bad_shape
     assert call(num_tokens=-1) == bad_shape and call(cache_tokens=-1) == bad_shape
@@ -152,8 +152,8 @@ def test_launcher_rejects_malformed_inputs_with_clear_messages():
     q = torch.zeros(2, 64, 520, dtype=torch.bfloat16)  # rows 1040 bytes apart: aligned
     q_odd = torch.zeros(2, 64, 516, dtype=torch.bfloat16)  # rows 1032 bytes apart: not
     bad_cases = {
-        "heads must be one of \\(64, 128\\), got 16": {"q_nope": inputs["q_nope"][:, :16],
-                                                    "q_pe": inputs["q_pe"][:, :16]},
+        "heads must be one of \\(16, 32, 64, 128\\), got 8": {"q_nope": inputs["q_nope"][:, :8],
+                                                            "q_pe": inputs["q_pe"][:, :8]},
         "q_nope must be torch.bfloat16": {"q_nope": inputs["q_nope"].float()},
         "topk must be a multiple of 64": {"sparse_indices": inputs["sparse_indices"][:, :100]},
         "sparse_indices must be torch.int32": {"sparse_indices": inputs["sparse_indices"].long()},
@@ -205,7 +205,7 @@ def test_any_gpu_but_sm90_is_refused(monkeypatch):
 def test_split_choice_fills_the_gpu_without_splitting_full_grids():
     sms = 132
     for heads in hopper_mla.HEADS:
-        groups_per_token = heads // hopper_mla.HEADS_PER_CTA
+        groups_per_token = hopper_mla.groups(heads)
         for num_tokens in (1, 2, 3, 4, 6, 8):  # small batches: one wave of CTAs over a third of the SMs or more
             splits = hopper_mla.num_splits_for(num_tokens, heads, 2048, sms)
             ctas = num_tokens * groups_per_token * splits
@@ -589,7 +589,19 @@ def test_dispatch_is_a_pure_function_of_the_call():
     served = dict(fp8kv=False, num_tokens=8, topk_length=False, sink=False, fits={dispatch.HOPPER})
     assert dispatch.implementation_for(64, (9, 0), **served) == dispatch.HOPPER
     assert dispatch.implementation_for(128, (9, 0), **served, requested="triton") == dispatch.TRITON
+    # Under 64 heads, from HOPPER_MIN_TOKENS per (heads, FP8 KV); at 16 heads never.
     assert dispatch.implementation_for(16, (9, 0), **served) == dispatch.TRITON
+    assert dispatch.implementation_for(16, (9, 0), **{**served, "num_tokens": 512}) == dispatch.TRITON
+    assert dispatch.implementation_for(32, (9, 0), **{**served, "num_tokens": 1}) == dispatch.HOPPER
+    assert dispatch.implementation_for(32, (9, 0), **{**served, "fp8kv": True, "num_tokens": 7}) == dispatch.TRITON
+    assert dispatch.implementation_for(32, (9, 0), **{**served, "fp8kv": True}) == dispatch.HOPPER
+    assert dispatch.implementation_for(16, (9, 0), **{**served, "fp8kv": True, "num_tokens": 512}) == dispatch.TRITON
+    for heads in dispatch.HOPPER_HEADS:
+        for fp8kv in (False, True):
+            least = dispatch.HOPPER_MIN_TOKENS.get((heads, fp8kv))
+            if least is not None:
+                assert dispatch.implementation_for(heads, (9, 0), **{**served, "fp8kv": fp8kv,
+                                                                     "num_tokens": least}) == dispatch.HOPPER
     assert dispatch.implementation_for(64, None, **served) == dispatch.TRITON
     assert dispatch.implementation_for(64, (9, 0), **{**served, "fits": set()}) == dispatch.TRITON
     assert dispatch.implementation_for(64, (9, 0), **{**served, "sink": True}) == dispatch.TRITON

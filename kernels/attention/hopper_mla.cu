@@ -3,7 +3,9 @@
 // Contract (C ABI dsa_hopper_mla_decode below; docs/design.md, Contracts; the same operator as
 // triton_sparse_mla.py), per query token t and head h of a group of 64:
 //   q_nope [T, H, 512] bf16, q_pe [T, H, 64] bf16: last dim contiguous, token/head strides free
-//     (multiples of 8 elements), 16-byte aligned base. H in {64, 128}.
+//     (multiples of 8 elements), 16-byte aligned base. H in {16, 32, 64, 128}: below 64 heads the one
+//     group's tile still has 64 rows, the missing ones zero Q, computed and never written (what padding q
+//     to 64 heads would cost, without the padded copies).
 //   KV, one latent head shared by all query heads, either
 //     bf16: ckv rows of 512 and kpe rows of 64 values (row strides multiples of 8 elements,
 //           16-byte aligned bases), indexed by physical token id; or
@@ -662,6 +664,12 @@ __device__ __forceinline__ void release_stage(const Smem& sm, int b, uint32_t pe
   }
 }
 
+// Whether row r of the CTA's 64 is one of the call's heads (below 64 heads the tile's other rows are
+// computed on zero Q and never written).
+__device__ __forceinline__ bool live_row(const Params& p, const Work& w, int r) {
+  return w.group * kHeadsPerCta + r < p.heads;
+}
+
 // Columns 256c .. 256c + 255 of the CTA's 64 rows: the normalized bf16 output with one split, else the
 // partial: fp32 from the accumulators, or with p.bf16_partials staged in fp32 through `staging`
 // (kStageBytes of shared memory no one reads or writes any more) and stored in bf16, 16 bytes (8
@@ -675,6 +683,7 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
   if (p.num_splits == 1) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
+      if (!live_row(p, w, rows.r[i])) continue;
       const int head = w.group * kHeadsPerCta + rows.r[i];
       const bool empty = l_all[i] == 0.f;
       const float inv = empty ? 0.f : 1.f / l_all[i];
@@ -693,7 +702,7 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
     const long long part0 = (static_cast<long long>(w.t) * p.num_splits + w.split) * p.heads + w.group * kHeadsPerCta;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      if (with_stats && rows.quad == 0 && !p.reduce_in_cluster) {
+      if (with_stats && rows.quad == 0 && !p.reduce_in_cluster && live_row(p, w, rows.r[i])) {
         p.part_m[part0 + rows.r[i]] = m_run[i];
         p.part_l[part0 + rows.r[i]] = l_all[i];
       }
@@ -701,6 +710,7 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
     if (!p.bf16_partials && !p.reduce_in_cluster) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
+        if (!live_row(p, w, rows.r[i])) continue;
         float* acc = static_cast<float*>(p.part_acc) + (part0 + rows.r[i]) * kCkvDim + col0;
 #pragma unroll
         for (int n = 0; n < kColsPerConsumer / 8; ++n) {
@@ -725,6 +735,7 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
       const int piece = k * kWarpgroupThreads + tid;
       const int row = piece / (kColsPerConsumer / 8);
       const int col = piece % (kColsPerConsumer / 8) * 8;
+      if (!live_row(p, w, row)) continue;
       const uint32_t src = staging + (row * kStageRowFloats + col) * 4;
       const float4 lo = ld_shared_v4_f32(src);
       const float4 hi = ld_shared_v4_f32(src + 16);
@@ -784,6 +795,7 @@ __device__ __forceinline__ void reduce_cluster(const Params& p, const Smem& sm, 
   const float inv = l_all == 0.f ? 0.f : 1.f / l_all;
 #pragma unroll
   for (int s = 0; s < kSplits; ++s) weight[s] = m[s] * inv;
+  if (!live_row(p, w, row)) return;
   const int head = w.group * kHeadsPerCta + row;
   if (rank == 0 && ct % kMergeThreadsPerRow == 0) {
     p.lse[w.t * p.lse_stride_t + head * p.lse_stride_h] = l_all == 0.f ? -INFINITY : (m_all + log2f(l_all)) * p.lse_scale;
@@ -1083,6 +1095,7 @@ struct QPiece {
   const __nv_bfloat16* src;
   uint32_t dst;
   int row;
+  bool live;  // a row of the call's heads; below 64 heads the rows past them are zeros, never read
 };
 constexpr int kQPieces = kHeadsPerCta * kChunks * kPiecesPerRow;
 
@@ -1090,11 +1103,14 @@ __device__ __forceinline__ QPiece q_piece(const Params& p, const Smem& sm, const
   const int row = q / (kChunks * kPiecesPerRow);
   const int chunk = (q / kPiecesPerRow) % kChunks;
   const int piece = q % kPiecesPerRow;
-  const long long head = w.group * kHeadsPerCta + row;
+  const int head = w.group * kHeadsPerCta + row;
+  const bool live = head < p.heads;
+  const long long read_head = live ? head : 0;
   const __nv_bfloat16* src =
-      chunk < kCkvChunks ? p.q_nope + w.t * p.q_nope_stride_t + head * p.q_nope_stride_h + chunk * kChunkElems + piece * 8
-                         : p.q_pe + w.t * p.q_pe_stride_t + head * p.q_pe_stride_h + piece * 8;
-  return {src, sm.q() + chunk * kChunkBytes + swizzled(row, piece), row};
+      chunk < kCkvChunks
+          ? p.q_nope + w.t * p.q_nope_stride_t + read_head * p.q_nope_stride_h + chunk * kChunkElems + piece * 8
+          : p.q_pe + w.t * p.q_pe_stride_t + read_head * p.q_pe_stride_h + piece * 8;
+  return {src, sm.q() + chunk * kChunkBytes + swizzled(row, piece), row, live};
 }
 
 // bf16: Q as it is, by every thread of the CTA (cp.async), fenced for wgmma (the async proxy); the
@@ -1104,7 +1120,7 @@ __device__ __forceinline__ void load_q_bf16(const Params& p, const Smem& sm, con
 #pragma unroll
   for (int k = 0; k < kQPieces / kThreads; ++k) {
     const QPiece q = q_piece(p, sm, w, k * kThreads + threadIdx.x);
-    cp_async_16(q.dst, q.src, 16);
+    cp_async_16(q.dst, q.src, q.live ? 16 : 0);
   }
   cp_async_commit();
   cp_async_wait_all();
@@ -1138,12 +1154,16 @@ __device__ __forceinline__ void load_q_bf16_tma(const QMaps& maps, const Smem& s
 // hand-off is ordered by kBarPFree / kBarPReady).
 // The check costs 0.3-0.8 us at T <= 2 (H200); 4 threads a row finding each row's shift by shuffles,
 // with no second pass, cost more: every load then lands before the first store (0.5-1 us more).
+__device__ __forceinline__ uint4 q_load(const QPiece& q) {
+  return q.live ? ld_global_nc_v4(q.src) : make_uint4(0, 0, 0, 0);
+}
+
 __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, const Work& w, int loader) {
   constexpr int kPerThread = kQPieces / kConsumerThreads;
   static_assert(kQPieces % kConsumerThreads == 0, "the Q pieces divide evenly over the consumer threads");
   uint4 raw[kPerThread];
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) raw[k] = ld_global_nc_v4(q_piece(p, sm, w, k * kConsumerThreads + loader).src);
+  for (int k = 0; k < kPerThread; ++k) raw[k] = q_load(q_piece(p, sm, w, k * kConsumerThreads + loader));
   uint32_t largest = 0;
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
@@ -1158,13 +1178,13 @@ __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, cons
 #pragma unroll 1
   for (int k = 0; k < kPerThread; ++k) {
     const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
-    atomicMax(&row_bits[q.row], bf16x8_absmax_bits(ld_global_nc_v4(q.src)));
+    atomicMax(&row_bits[q.row], bf16x8_absmax_bits(q_load(q)));
   }
   named_barrier_sync(kBarQReady, kConsumerThreads);
 #pragma unroll 1
   for (int k = 0; k < kPerThread; ++k) {
     const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
-    st_shared_v4(q.dst, bf16x8_to_f16x8(ld_global_nc_v4(q.src), pow2(-q_row_shift(row_bits[q.row]))));
+    st_shared_v4(q.dst, bf16x8_to_f16x8(q_load(q), pow2(-q_row_shift(row_bits[q.row]))));
   }
   fence_proxy_async();
   named_barrier_sync(kBarQReady, kConsumerThreads);
@@ -1334,11 +1354,11 @@ int launch(const Params& p, int num_tokens, cudaStream_t stream, const QMapsOf<k
   }
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kPeers;  // the head groups of one (token, split); grid x = heads / 64
+  cluster.val.clusterDim.x = kPeers;  // the head groups of one (token, split); grid x = heads / 64, rounded up
   cluster.val.clusterDim.y = p.reduce_in_cluster ? p.num_splits : 1;  // the splits of one (token, group)
   cluster.val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(p.heads / kHeadsPerCta, p.num_splits, num_tokens);
+  config.gridDim = dim3((p.heads + kHeadsPerCta - 1) / kHeadsPerCta, p.num_splits, num_tokens);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmemBytes;
   config.stream = stream;
@@ -1373,7 +1393,7 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                           long long lse_stride_t, long long lse_stride_h,
                           void* part_acc, float* part_m, float* part_l, long long cache_tokens,
                           int* bad_index_count, cudaStream_t stream) {
-  if (heads != 64 && heads != 128) return kBadShape;
+  if (heads != 16 && heads != 32 && heads != 64 && heads != 128) return kBadShape;
   if (topk < kBlockTokens || topk > kMaxTopk || topk % kBlockTokens != 0) return kBadShape;
   if (num_splits < 1 || num_splits > kMaxSplits || num_tokens < 0 || num_tokens > kMaxTokens || cache_tokens < 0) {
     return kBadShape;
@@ -1404,7 +1424,10 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                  static_cast<uint32_t>(std::min(cache_tokens, kMaxCacheTokens)), bad_index_count};
   const int split0_tokens = (topk + num_splits - 1) / num_splits;  // the most any split takes
   if (!fp8kv) {
-    if (split0_tokens > kBlockTokens * kQTmaMaxBlocks) return launch<false, 1, false>(p, num_tokens, stream);
+    // Q by TMA takes whole 64-head boxes: below 64 heads Q comes by cp.async, the missing rows zero-filled.
+    if (split0_tokens > kBlockTokens * kQTmaMaxBlocks || heads < kHeadsPerCta) {
+      return launch<false, 1, false>(p, num_tokens, stream);
+    }
     QMaps maps{};
     const int made = q_tensor_maps(p, num_tokens, maps);
     return made != kOk ? made : launch<false, 1, true>(p, num_tokens, stream, maps);
@@ -1422,7 +1445,7 @@ const char* dsa_hopper_mla_error_string(int code) {
     case kBadShape:
       static_assert(kBlockTokens == 64 && kMaxTopk == 2048 && kMaxSplits == 64 && kMaxTokens == 65535,
                     "the message below spells these limits out");
-      return "heads must be 64 or 128, topk a multiple of 64 in [64, 2048], num_splits in [1, 64], tokens <= 65535, "
+      return "heads must be 16, 32, 64 or 128, topk a multiple of 64 in [64, 2048], num_splits in [1, 64], tokens <= 65535, "
              "cache_tokens >= 0";
     case kBadAlignment: return "pointers must be 16-byte aligned and row strides multiples of 8 elements";
     case kNullPointer: return "null device pointer";

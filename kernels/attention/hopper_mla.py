@@ -3,7 +3,8 @@ arch check, split choice, the split partials, then the kernel and, with several 
 merge in the kernel (merges_in_cluster), the Triton combine.
 
 Contract: the sparse attention operator (docs/design.md, Contracts; as triton_sparse_mla.py), for
-the shapes this kernel serves: 64 or 128 heads (a CTA owns 64 heads of one token), topk a multiple
+the shapes this kernel serves: 16, 32, 64 or 128 heads (a CTA owns 64 heads of one token; below 64 its
+tile's other rows are zero q, never written), topk a multiple
 of 64 up to 2048, bf16 KV (ckv_cache + kpe_cache) or FP8 KV (kv_cache, 656-byte tokens), LSE base 2
 or e, -1 indices anywhere, empty rows (output 0, lse -inf). FP8 KV is dequantized to fp16 and
 multiplied in fp16 (Q converted once), as bf16 rounding of the dequantized values fails the contest
@@ -103,6 +104,11 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
     return tsm.num_splits_for(num_tokens, heads, topk, TILE, num_sms, PARTIAL_TILES)
 
 
+def groups(heads: int) -> int:
+    """CTAs per (token, split): one per 64 heads, one below 64."""
+    return -(-heads // HEADS_PER_CTA)
+
+
 def bf16_partials_for(num_tokens: int, heads: int, splits: int, num_sms: int) -> bool:
     """Whether the kernel writes its split partials in bf16 (the kernel's bf16_partials): on grids of
     more CTAs than half the SMs, where the partials' stores and the combine's reads weigh most. There
@@ -114,7 +120,7 @@ def bf16_partials_for(num_tokens: int, heads: int, splits: int, num_sms: int) ->
     bf16 staged there: h64 T=1 11.23 -> 12.00), so fp32 partials leave straight from the
     accumulators. bf16 rounding of the partial keeps the contest tolerance
     (test_bf16_partials_keep_the_contest_tolerance)."""
-    return 2 * (heads // HEADS_PER_CTA) * splits * num_tokens > num_sms
+    return 2 * groups(heads) * splits * num_tokens > num_sms
 
 
 def merges_in_cluster(splits: int, heads: int, fp8kv: bool) -> bool:

@@ -590,7 +590,7 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
     ROW_IDS_MAX take at least the splits that hold them (past MAX_SPLITS the launcher refuses them)."""
     tiles = triton.cdiv(topk, cfg.block_n)
     fewest = triton.cdiv(topk, ROW_IDS_MAX)
-    rows = num_tokens * (heads // cfg.block_h)
+    rows = num_tokens * triton.cdiv(heads, cfg.block_h)  # a tile wider than the heads still takes a program
 
     def cost(splits: int) -> tuple[float, int]:
         programs = rows * splits
