@@ -17,6 +17,7 @@ rate (kernel_copy_gbps) is what the self-check expects.
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -156,7 +157,10 @@ def load_or_measure(path: Path = CACHE, refresh: bool = False) -> Peaks:
     peaks = measure_peaks()
     cached[name] = asdict(peaks)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(cached, indent=2) + "\n")
+    # Written whole and renamed: the worker processes of several GPUs may measure at the same time.
+    partial = path.with_name(f"{path.name}.{os.getpid()}")
+    partial.write_text(json.dumps(cached, indent=2) + "\n")
+    os.replace(partial, path)
     return peaks
 
 

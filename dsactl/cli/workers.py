@@ -10,7 +10,7 @@ import typer
 GPUS_HELP = ("Run on the GPUs of this host, one worker process each: all, or indices like 0,1 "
              "(without a GPU: that many CPU workers under the Triton interpreter).")
 RAY_HELP = ("Run on a Ray cluster, one actor per GPU: auto (the running cluster), local (start one here) "
-            "or its address; needs pip install 'dsactl[ray]'.")
+            "or its address; needs pip install 'dsactl\\[ray]'.")
 
 
 def gpus_option() -> Optional[str]:
