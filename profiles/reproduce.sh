@@ -14,6 +14,8 @@
 #              FP8 KV), with FlashMLA's sparse decode in the same run when it imports (below)
 #   indexer    indexer.csv/.json + PNGs: the indexer at batch 1-128 x context 4K-128K
 #   topk       topk.csv/.json + PNGs: top-k with page translation, rows 1-128 x lengths 2K-128K
+#   pipeline   pipeline.csv/.json + pipeline/stages.png: the whole decode step (DecodeStep), batch 1-128 x
+#              context 4K-128K x 16/128 heads x next_n 1-2, CUDA-graph replay against its kernels and PyTorch
 #   ncu        Nsight Compute reports of one workload per kernel family, kept as the CPU tests' fixtures
 #              (tests/fixtures/ncu/<family>.ncu-rep), then ncu-tables
 #   ncu-tables ncu/<family>/: the reports' tables, roofline and utilisation charts (dsactl profile --import;
@@ -33,7 +35,7 @@ GPU=${GPU:-$(python3 -c "import torch; from dsactl.device import gpu_slug; print
 DIR=profiles/$GPU
 mkdir -p "$DIR"
 AREAS=("$@")
-[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention indexer topk ncu readme)
+[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention indexer topk pipeline ncu readme)
 
 # cupti-python times kernels by CUPTI; a wheel carried in .carry/ installs where pip has no network.
 if ! python3 -c "from cupti import cupti" 2>/dev/null && ls .carry/cupti_python-*.whl >/dev/null 2>&1; then
@@ -75,6 +77,7 @@ for area in "${AREAS[@]}"; do
         --no-reference --iters 20 --trials 2 "${baseline[@]}" ;;
     indexer) bench indexer --suite scale -d 'dsa_topk_indexer_*' --no-reference --iters 20 --trials 2 ;;
     topk) bench topk --suite scale -d 'dsa_topk_page_transform_*' --no-reference --iters 20 --trials 2 ;;
+    pipeline) "${DSACTL[@]}" bench --pipeline --iters 20 --warmup 5 --csv "$DIR/pipeline.csv" --json "$DIR/pipeline.json" --plot "$DIR/pipeline" ;;
     ncu)
       mkdir -p tests/fixtures/ncu
       for pick in indexer:dsactl-indexer:contest-indexer-100 topk:dsactl-topk:scale-topk-r8-len32768-fp32 \

@@ -10,7 +10,6 @@ batch x heads x KV format, replayed from a CUDA graph on new inputs, and a compi
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
@@ -24,7 +23,6 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import dsactl
 from dsactl.definitions import get
-from dsactl.fp8 import PAGE_SIZE, quantize_index_k, quantize_mla_kv
 from dsactl.harness import INT_POISON
 from dsactl.kernels import ops
 from dsactl.kernels.errors import KernelInputError
@@ -32,60 +30,17 @@ from dsactl.kernels.indexer import solution as indexer_solution
 from dsactl.kernels.step import DecodeStep
 from dsactl.kernels.topk import torch_baseline as topk_torch
 from dsactl.verify.rules import check
+from dsactl.workloads.step_inputs import INDEX_NAMES, MLA_NAMES, SM_SCALE, caches, call_step, step_inputs
 
 ROOT = Path(__file__).resolve().parents[1]
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
-SM_SCALE = 1.0 / math.sqrt(576)  # 1 / sqrt(d_qk), as the model's
 # A step small enough for the interpreter (seconds): every row fits in topk, so the indexer maps
 # rows structurally and the attention gathers up to 512 ids a token.
 TINY = dict(batch=2, max_context=512, heads=16, next_n=2, topk=512, index_heads=32)
 # The same with rows longer than topk: the indexer scores them.
 TINY_SCORED = {**TINY, "max_context": 640}
-
-
-def _randn(shape, g, std=1.0) -> torch.Tensor:
-    return torch.randn(shape, generator=g, device=g.device) * std
-
-
-def step_inputs(step: DecodeStep, seed: int, seq_lens: list[int] | None = None) -> dict:
-    """Inputs of one call, seeded and non-zero: shuffled pages shared by both caches (a page id names the
-    same tokens in the indexer and MLA caches), three more pages no request names, random lengths in
-    [next_n, max_context] unless given."""
-    device = step.device
-    g = torch.Generator(device=device)
-    g.manual_seed(seed)
-    b, n, p = step.batch, step.next_n, step.max_pages
-    num_pages = b * p + 3
-    if seq_lens is None:
-        seq_lens = torch.randint(n, step.max_context + 1, (b,), generator=g, device=device).tolist()
-    mtp = (n,) if n > 1 else ()
-    inputs = {
-        "q_index_fp8": _randn((b, *mtp, step.index_heads, 128), g).to(torch.float8_e4m3fn),
-        "k_index_cache_fp8": quantize_index_k(_randn((num_pages, PAGE_SIZE, 128), g)),
-        "weights": _randn((b, *mtp, step.index_heads), g, 1.0 / step.index_heads**0.5),
-        "seq_lens": torch.tensor(seq_lens, dtype=torch.int32, device=device),
-        "block_table": torch.randperm(num_pages, generator=g, device=device)[: b * p].view(b, p).to(torch.int32),
-        "q_nope": _randn((step.num_tokens, step.heads, 512), g).to(torch.bfloat16),
-        "q_pe": _randn((step.num_tokens, step.heads, 64), g).to(torch.bfloat16),
-        "sm_scale": SM_SCALE,
-    }
-    ckv, kpe = _randn((num_pages, PAGE_SIZE, 512), g), _randn((num_pages, PAGE_SIZE, 64), g)
-    if step.kv_format == "fp8":
-        inputs["kv_cache"] = quantize_mla_kv(ckv, kpe)
-    else:
-        inputs["ckv_cache"], inputs["kpe_cache"] = ckv.to(torch.bfloat16), kpe.to(torch.bfloat16)
-    return inputs
-
-
-INDEX_NAMES = ("q_index_fp8", "k_index_cache_fp8", "weights", "seq_lens", "block_table")
-MLA_NAMES = ("q_nope", "q_pe", "sm_scale")
-
-
-def call_step(step: DecodeStep, inputs: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    caches = {k: inputs[k] for k in ("kv_cache", "ckv_cache", "kpe_cache") if k in inputs}
-    return step(*(inputs[k] for k in INDEX_NAMES + MLA_NAMES), **caches)
 
 
 def poison_workspace(step: DecodeStep) -> None:
@@ -371,10 +326,9 @@ def test_a_call_names_the_bad_argument(case):
     change, message = PER_CALL_CASES[case]
     inputs = {**inputs, **change(inputs)}
     sink = {"attn_sink": inputs.pop("attn_sink")} if "attn_sink" in inputs else {}
-    caches = {k: inputs[k] for k in ("kv_cache", "ckv_cache", "kpe_cache") if k in inputs}
     poison_workspace(step)
     with pytest.raises(KernelInputError, match=f"^DecodeStep: {message}"):
-        step(*(inputs[k] for k in INDEX_NAMES + MLA_NAMES), **caches, **sink)
+        step(*(inputs[k] for k in INDEX_NAMES + MLA_NAMES), **caches(inputs), **sink)
     assert (step.topk_indices == INT_POISON).all(), "a refused call launches nothing"
 
 

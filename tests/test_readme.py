@@ -45,6 +45,7 @@ GPU_ONLY = (
     "dsactl verify --quick --sanitize",
     "dsactl bench --suite scale -d 'dsa_sparse_attention_h128*' --no-reference -b flashmla",
     "dsactl bench --compare profiles/h200/contest.csv",
+    "dsactl bench --pipeline --heads 128 --batch 32",
     "dsactl profile --ncu roofline --solution dsactl-indexer -w contest-indexer-100",
 )
 # Commands that read a file an earlier example writes: run after it.

@@ -32,6 +32,7 @@ from typing import Any, Callable, Sequence
 from dsactl.errors import DsactlError
 
 METHODS = ("cupti", "torch-profiler", "cuda-graph")
+KERNEL_METHODS = ("cupti", "torch-profiler")  # the methods that sum a call's kernels' device time
 EVENTS_FALLBACK = "cuda-events"  # what cuda-graph becomes for a call that cannot be captured
 
 # Written before every timed call; several times L2 so that no line of the
@@ -320,6 +321,23 @@ def _measure_cuda_graph(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -
     except Exception:  # a call that synchronizes or allocates on the host cannot be captured
         torch.cuda.synchronize()
         run, method = fn, EVENTS_FALLBACK
+    return method, _time_with_events(run, iters, flusher)
+
+
+def measure_events(fn: Callable[[], Any], iters: int, warmup: int, flusher: L2Flusher) -> list[float]:
+    """Warm up, then time `iters` cold-L2 calls of fn with CUDA events around each (what a caller waits,
+    launch overhead and host work included), per-call us."""
+    import torch
+
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    return _time_with_events(fn, iters, flusher)
+
+
+def _time_with_events(run: Callable[[], Any], iters: int, flusher: L2Flusher) -> list[float]:
+    import torch
+
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     out = []
     for _ in range(iters):
@@ -329,4 +347,4 @@ def _measure_cuda_graph(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -
         end.record()
         end.synchronize()
         out.append(start.elapsed_time(end) * 1e3)
-    return method, out
+    return out

@@ -39,6 +39,56 @@ def _render_comparison(comparison) -> None:
                   + (f"; {len(comparison.only_new)} new" if comparison.only_new else ""))
 
 
+def _bench_pipeline(heads, batch, context, warmup: int, iters: int, method: str, no_reference: bool,
+                    csv_path: Optional[str], json_path: Optional[str], no_save: bool, plot_dir: Optional[str]) -> None:
+    """bench --pipeline: the decode step over the pipeline shapes, a row printed as each finishes."""
+    from pathlib import Path
+
+    from dsactl.bench import pipeline, report, timing
+    from dsactl.cli.render import table
+    from dsactl.device import has_cuda_gpu
+    from dsactl.errors import DsactlError
+
+    shapes = pipeline.select(heads=heads, batch=batch, context=context)
+    timing.check_method(method)
+    for path in (csv_path, json_path):
+        if path:
+            report.check_writable(path)
+    if not has_cuda_gpu():
+        raise DsactlError("bench --pipeline times the step on a CUDA GPU; none is visible here")
+    import torch
+
+    from dsactl.device import gpu_slug
+
+    timer = pipeline.CudaTimer(iters, warmup, None if method == "auto" else method)
+    gpu = torch.cuda.get_device_name()
+    meta = {"command": _command_line(), "gpu": gpu, "kernel_method": timer.kernel_method,
+            "iters": iters, "warmup": warmup}
+    console.print(f"GPU {gpu}; {len(shapes)} shapes; step kernels timed with {timer.kernel_method or 'nothing'}, "
+                  f"{warmup} warmup + {iters} iterations, cold L2")
+
+    def us(value) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    rows = pipeline.run_pipeline(shapes, timer, "cuda", reference=not no_reference,
+                                 on_row=lambda r: err_console.print(f"{r.label}: graph {us(r.graph_us)} us"))
+    ratio = [f"{r.graph_over_kernels:.2f}" if r.graph_over_kernels else "-" for r in rows]
+    console.print(table("decode step, us", ["shape", "graph", "eager", "kernels", "indexer", "attention",
+                                            "graph/kernels", "PyTorch"],
+                        ((r.label, us(r.graph_us), us(r.eager_us), us(r.kernels_us), us(r.indexer_us),
+                          us(r.attention_us), q, us(r.reference_us)) for r, q in zip(rows, ratio))))
+    default_csv = None if no_save else Path("profiles") / gpu_slug(gpu) / "pipeline.csv"
+    csv_out = Path(csv_path) if csv_path else default_csv
+    json_out = Path(json_path) if json_path else (csv_out.with_suffix(".json") if csv_out else None)
+    for path, write in ((csv_out, pipeline.write_csv), (json_out, pipeline.write_json)):
+        if path:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            console.print(f"wrote {write(path, rows, meta)}")
+    if plot_dir:
+        Path(plot_dir).mkdir(parents=True, exist_ok=True)
+        console.print(f"wrote {pipeline.plot_stages(rows, Path(plot_dir) / 'stages.png')}")
+
+
 def register(app: typer.Typer) -> None:
     @app.command()
     def bench(
@@ -66,8 +116,24 @@ def register(app: typer.Typer) -> None:
         plot_dir: Optional[str] = typer.Option(None, "--plot", help="Write latency and speedup PNGs here."),
         gpus: Optional[str] = workers.gpus_option(),
         ray: Optional[str] = workers.ray_option(),
+        pipeline: bool = typer.Option(False, "--pipeline",
+                                      help="Time the whole decode step (DecodeStep: indexer, top-k, attention) over "
+                                           "serving shapes: CUDA-graph replay, eager, its kernels per stage, and "
+                                           "the PyTorch stages. Takes --heads/--batch/--context, --iters, "
+                                           "--warmup, --method (its kernel timer), --no-reference, --csv, --json, "
+                                           "--plot."),
+        heads: Optional[List[int]] = typer.Option(None, "--heads", help="--pipeline: only these attention heads."),
+        batch: Optional[List[int]] = typer.Option(None, "--batch", help="--pipeline: only these batch sizes."),
+        context: Optional[List[int]] = typer.Option(None, "--context", help="--pipeline: only these contexts."),
     ) -> None:
         """Time solutions, the reference and baselines on a suite; report latency, speedup, GB/s, TFLOP/s."""
+        if pipeline:
+            return _bench_pipeline(heads or (), batch or (), context or (), warmup, iters, method, no_reference,
+                                   csv_path, json_path, no_save, plot_dir)
+        if heads or batch or context:
+            from dsactl.errors import DsactlError
+
+            raise DsactlError("--heads, --batch and --context choose pipeline shapes: they need --pipeline")
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
         from dsactl import executor as executors
