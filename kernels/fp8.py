@@ -17,6 +17,11 @@ imports no torch.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only
+    import torch
+
 PAGE_SIZE = 64
 INDEX_HEAD_DIM = 128
 INDEX_PAGE_BYTES = PAGE_SIZE * INDEX_HEAD_DIM + PAGE_SIZE * 4  # 8448

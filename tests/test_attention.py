@@ -321,7 +321,6 @@ def test_split_count_fills_the_gpu():
 
 
 def test_every_launch_passes_a_row_pad_that_holds_its_share_and_was_built():
-    sms = 132
     built = {spec["name"] for spec in tsm.aot_specs()}
     for heads in tsm.HEADS:
         for fp8kv in (False, True):

@@ -253,7 +253,7 @@ def test_pages_outside_the_cache_score_minus_inf_unread_and_counted():
 
 
 def test_seq_lens_past_the_pages_score_only_the_pages():
-    seq_lens, next_n = [200, 120], 1
+    seq_lens = [200, 120]
     inputs = make_case(seq_lens, heads=32, extra_pages=0, seed=12)
     table = inputs["block_table"][:, :2].contiguous()  # 128 tokens of pages for seq_lens of 200 and 120
     scores = torch.full((2, 192), float("nan"), device=DEVICE)  # wider than the pages: the rest stays NaN

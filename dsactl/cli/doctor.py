@@ -14,7 +14,6 @@ def register(app: typer.Typer) -> None:
         """GPU, clocks, memory, toolchain versions, buildable archs, runnable solutions."""
         output_file(json_path, "--json")
         from dsactl import device, solutions
-        from dsactl.verify import runner
 
         info = device.machine()
         if info.gpus:

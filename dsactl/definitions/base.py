@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from dsactl.errors import DsactlError
+
+if TYPE_CHECKING:  # annotations only: listing definitions imports no torch
+    import torch
 
 # The dtypes a TensorSpec may name: torch's attribute names (torch is imported only where a tensor is
 # made or checked, so that listing definitions imports no torch).

@@ -19,9 +19,13 @@ whose row_to_batch value is not a block_table row. Selection ignores page ids.
 from __future__ import annotations
 
 import re
+from typing import TYPE_CHECKING
 
 from dsactl.definitions.base import Definition, TensorSpec
 from dsactl.fp8 import PAGE_SIZE
+
+if TYPE_CHECKING:  # annotations only: listing definitions imports no torch
+    import torch
 
 MAX_TOPK = 2048
 NAME_RE = re.compile(r"^dsa_topk_page_transform_topk(\d+)_ps64(_bf16)?$")

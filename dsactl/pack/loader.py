@@ -17,7 +17,6 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsactl.errors import DsactlError
 from dsactl.pack.bundle import read_bundle
 from dsactl.pack.check import check_bundle
 from dsactl.pack.unpack import unpack
