@@ -152,6 +152,7 @@ def _bench_cli(*args):
     (["--heads", "16"], "--heads, --batch and --context choose pipeline shapes: they need --pipeline"),
     (["--pipeline", "--method", "bogus"], "unknown timing method 'bogus'; choose auto, cupti, torch-profiler, "
                                           "cuda-graph"),
+    (["--pipeline", "--gpus", "0"], "--pipeline times the step on this process's GPU: --gpus and --ray do not apply"),
 ])
 def test_cli_refuses_bad_pipeline_options_before_any_work(args, message):
     r = _bench_cli(*args)

@@ -128,6 +128,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Time solutions, the reference and baselines on a suite; report latency, speedup, GB/s, TFLOP/s."""
         if pipeline:
+            if gpus or ray:
+                from dsactl.errors import DsactlError
+
+                raise DsactlError("--pipeline times the step on this process's GPU: --gpus and --ray do not apply")
             return _bench_pipeline(heads or (), batch or (), context or (), warmup, iters, method, no_reference,
                                    csv_path, json_path, no_save, plot_dir)
         if heads or batch or context:
