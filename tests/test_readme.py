@@ -46,6 +46,7 @@ GPU_ONLY = (
     "dsactl bench --suite scale -d 'dsa_sparse_attention_h128*' --no-reference -b flashmla",
     "dsactl bench --compare profiles/h200/contest.csv",
     "dsactl bench --pipeline --heads 128 --batch 32",
+    "dsactl tune -d 'dsa_sparse_attention_*' --suite scale",
     "dsactl profile --ncu roofline --solution dsactl-indexer -w contest-indexer-100",
 )
 # Commands that read a file an earlier example writes: run after it.

@@ -19,7 +19,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-COMMAND_MODULES = ("catalog", "doctor", "build", "profile", "verify", "pack", "bench")
+COMMAND_MODULES = ("catalog", "doctor", "build", "profile", "verify", "pack", "bench", "tune")
 
 _state = {"debug": False}
 

@@ -1,4 +1,5 @@
-"""dsactl list: definitions, solutions (with the attention dispatch table) and suites."""
+"""dsactl list: definitions, solutions (with the attention dispatch table and where each tunable kernel's
+launch configuration comes from) and suites."""
 
 from __future__ import annotations
 
@@ -33,6 +34,12 @@ def register(app: typer.Typer) -> None:
             console.print(table("attention dispatch (which kernel the dsactl-attention entries run)",
                                 ["implementation", "source", "GPUs", "heads", "serves"],
                                 ((r.implementation, r.source, r.gpus, r.heads, r.serves) for r in dispatch.TABLE)))
+            from dsactl.tune import families
+
+            console.print(table("launch configurations (dsactl tune writes the tables)",
+                                ["family", "kernel", "knobs", "configuration from"],
+                                ((f.name, f"kernels/{f.module.replace('.', '/')}.py", f.knobs,
+                                  families.config_sources(f)) for f in families.FAMILIES)))
         if what in ("suites", "all"):
             rows = []
             for name in workloads.SUITES:

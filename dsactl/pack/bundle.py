@@ -4,11 +4,11 @@ Sources: first main.py, the entry point, a generated `def run(<inputs>, <outputs
 calls the solution, so that every bundle's entry is a plain function with the definition's
 signature however the solution builds its callable; then, copied byte for byte at their paths in
 the repository (kernels/topk/launcher.py), the files the solution's entry for this definition runs
-(closure.py) and the CUDA sources its launchers load. The kernels import each other relatively, so
-they run as they are under whatever package a bundle is imported as (flashinfer-bench:
-fib_python_<hash>). Language: a launcher that builds CUDA with kernels/cuda_library.py on first use
-and calls it through ctypes is, to flashinfer-bench, a Python entry point ("cuda" there means a C++
-symbol that it binds itself). Defaults for author and name prefix come from [tool.dsactl] in
+(closure.py), the tuned-config tables they read and the CUDA sources their launchers load. The kernels
+import each other relatively, so they run as they are under whatever package a bundle is imported as
+(flashinfer-bench: fib_python_<hash>). Language: a launcher that builds CUDA with kernels/cuda_library.py
+on first use and calls it through ctypes is, to flashinfer-bench, a Python entry point ("cuda" there means
+a C++ symbol that it binds itself). Defaults for author and name prefix come from [tool.dsactl] in
 pyproject.toml: the nearest one from the current folder upward, else dsactl's own.
 """
 
@@ -22,7 +22,7 @@ from typing import Any
 
 from dsactl import definitions, solutions
 from dsactl.errors import DsactlError
-from dsactl.pack.closure import INSTALLED_KERNELS, KERNELS, solution_closure
+from dsactl.pack.closure import INSTALLED_KERNELS, KERNELS, checkout_tables, solution_closure
 from dsactl.solutions import Solution
 
 FIB_LANGUAGE = {"python": "python", "triton": "triton", "cuda": "python"}
@@ -102,6 +102,7 @@ def build_bundle(solution: Solution, definition: str, name: str, author: str) ->
     python = sorted((m for m in closure.modules.values() if m.source), key=lambda m: m.path)
     sources = [{"path": ENTRY_FILE, "content": main}]
     sources += [{"path": m.path, "content": m.source} for m in python]
+    sources += [{"path": path, "content": text} for path, text in checkout_tables(closure).items()]
     sources += [{"path": f.path, "content": f.read()} for f in cuda]
     return {
         "name": name,

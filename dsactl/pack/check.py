@@ -156,6 +156,9 @@ def _reached(files: dict[str, str], entry_file: str) -> dict[str, str]:
                           "and the standard library")
     reached = {m.path: ("entry point" if m.path == entry_file else closure.via[name])
                for name, m in closure.modules.items() if m.source}
+    for path, reader in closure.tables.items():
+        if path in files:
+            reached.setdefault(path, f"tuned table, read by {reader}")
     for library, loader in closure.cuda_libs.items():
         folders = [PurePosixPath(p).parent for p in files
                    if PurePosixPath(p).parent.parent == PurePosixPath(KERNELS) and p.endswith(f"/{library}.cu")]

@@ -6,11 +6,14 @@ functions. The kernels import each other relatively, so the walk follows relativ
 other import is external, and only torch, triton and the standard library are allowed. A package's
 __init__ belongs to the closure whenever one of its modules does (Python runs it first). Not
 followed: imports under `if TYPE_CHECKING:` (never run), importlib or __import__ with computed names,
-and data files opened through __file__.
+and data files opened through __file__ other than the tuned-config tables below.
 
 CUDA: a launcher loads library <name> by calling load_library("<name>") (a string literal or a
 module-level string constant); the closure ships kernels/<stage>/<name>.cu and the headers of its
 folder, the convention of kernels/cuda_library.py, which builds them on first use in a bundle.
+
+Tables: a module that names its tuned-config table with table_path(__file__) (kernels/tuned.py) reads
+<its folder>/tuned/<its name>.json at run time; the closure ships that file where the checkout has it.
 
 The walk treats the files as one package, BUNDLE_ROOT, as flashinfer-bench and load_bundle import a
 bundle (fib_python_<hash>.main): the same walk reads the checkout (pack) and a bundle (check.py).
@@ -21,11 +24,12 @@ from __future__ import annotations
 import ast
 import sys
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable, Iterator, Mapping
 
 from dsactl.errors import DsactlError
 from dsactl.kernels import cuda_library
+from dsactl.kernels.tuned import TABLE_FOLDER, TABLE_SUFFIX
 
 # The kernels' folder at the repository root, and in a bundle; dsactl imports it as dsactl.kernels.
 KERNELS = "kernels"
@@ -33,6 +37,7 @@ INSTALLED_KERNELS = "dsactl.kernels"
 # A bundle runs where only these and the standard library are installed.
 ALLOWED_EXTERNAL = ("torch", "triton")
 LOAD_LIBRARY = "load_library"
+TABLE_PATH = "table_path"
 # The package a bundle's files are imported under when walked (flashinfer-bench: fib_python_<hash>).
 BUNDLE_ROOT = "__bundle__"
 
@@ -61,6 +66,7 @@ class Closure:
     external: dict[str, str] = field(default_factory=dict)  # top-level name -> path of its first importer
     cuda_libs: dict[str, str] = field(default_factory=dict)  # library -> path of the first file loading it
     computed_cuda: list[str] = field(default_factory=list)  # "file:line" of load_library(<not a constant>)
+    tables: dict[str, str] = field(default_factory=dict)  # path of a tuned table -> the module reading it
 
 
 def checkout_files() -> dict[str, str]:
@@ -127,6 +133,8 @@ def python_closure(entry: str, find: Finder, root: str = BUNDLE_ROOT) -> Closure
                     closure.computed_cuda.append(f"{found.origin}:{node.lineno}")
                 else:
                     closure.cuda_libs.setdefault(library, found.path)
+            elif isinstance(node, ast.Call) and _callee(node.func) == TABLE_PATH and _names_own_file(node):
+                closure.tables.setdefault(table_of(found.path), found.path)
     return closure
 
 
@@ -177,6 +185,23 @@ def _callee(func: ast.expr) -> str | None:
     if isinstance(func, ast.Attribute):
         return func.attr
     return None
+
+
+def _names_own_file(call: ast.Call) -> bool:
+    return len(call.args) == 1 and isinstance(call.args[0], ast.Name) and call.args[0].id == "__file__"
+
+
+def table_of(module_path: str) -> str:
+    """The tuned table of the module at module_path (a bundle path), as kernels/tuned.py's table_path."""
+    module = PurePosixPath(module_path)
+    return str(module.parent / TABLE_FOLDER / (module.stem + TABLE_SUFFIX))
+
+
+def checkout_tables(closure: Closure) -> dict[str, str]:
+    """Bundle path -> text of each table the closure reads that this checkout has."""
+    root = cuda_library.kernels_root()
+    found = {path: root / PurePosixPath(path).relative_to(KERNELS) for path in sorted(closure.tables)}
+    return {path: _read_text(file) for path, file in found.items() if file.is_file()}
 
 
 def _string_constants(tree: ast.Module) -> dict[str, str]:

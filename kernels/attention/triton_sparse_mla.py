@@ -44,6 +44,7 @@ from ..bad_index import MAX_INT32, BadIndexCounter, check_ids, checking
 from ..errors import KernelInputError
 from ..fp8 import (MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET,
                     MLA_TOKEN_BYTES)
+from ..tuned import Table, device_identity, table_path
 
 # Triton's CPU interpreter computes bf16 tl.dot wrongly (errors near 1e10, silently): upcast to fp32 there.
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -600,6 +601,56 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
     return min(range(fewest, max(fewest, min(tiles, MAX_SPLITS)) + 1), key=cost)
 
 
+# `dsactl tune`'s table (kernels/tuned.py): per GPU and shape bucket, the knobs that beat the hand-picked
+# configuration there. An entry holds every knob of a launch: a Config and the split count.
+TUNED = Table(table_path(__file__))
+TUNED_KNOBS = ("block_h", "block_n", "num_warps", "num_stages", "f16", "num_splits")
+# The warps and stages a tuned configuration may ask for: those the hand-picked ones use, and one stage more
+# (a fourth stage of 64-token bf16 tiles, 74 KB each, passes the 228 KB of shared memory of a Hopper SM).
+TUNED_WARPS = (4, 8)
+TUNED_STAGES = (1, 2, 3)
+
+
+def tuning_bucket(num_tokens: int, heads: int, topk: int, fp8kv: bool) -> str:
+    """A call's bucket in the table: heads, KV format, topk, and the tokens rounded up to a power of two
+    (the hand-picked choice changes at powers of two of the grid, too)."""
+    return f"h{heads}-{'fp8' if fp8kv else 'bf16'}-topk{topk}-t{triton.next_power_of_2(num_tokens)}"
+
+
+def hand_picked(num_tokens: int, heads: int, topk: int, fp8kv: bool, num_sms: int) -> tuple[Config, int]:
+    """(config, splits) without a table: launch_config() and the split formula."""
+    cfg = launch_config(num_tokens, heads, topk, fp8kv, num_sms)
+    return cfg, num_splits_for(num_tokens, heads, topk, cfg, num_sms)
+
+
+def tuned_launch(knobs: dict, heads: int, topk: int, fp8kv: bool) -> tuple[Config, int]:
+    """A table entry's (config, splits), held to what the hand-picked ones satisfy, else KernelInputError:
+    the KV format's kernel, whole head groups of at least 16 (tl.dot), power-of-two tiles whose row
+    padding they divide, warps and stages as above, a split count the combine and the id staging take."""
+    _check(sorted(knobs) == sorted(TUNED_KNOBS), f"a tuned entry names the knobs {', '.join(TUNED_KNOBS)}")
+    _check(type(knobs["f16"]) is bool and all(type(knobs[k]) is int for k in TUNED_KNOBS if k != "f16"),
+           "tuned knobs are integers (f16: a boolean)")
+    cfg = Config(*(knobs[k] for k in TUNED_KNOBS[:-1]))
+    splits = knobs["num_splits"]
+    _check(cfg.f16 == config(heads, fp8kv).f16, f"f16 tiles {cfg.f16} do not match the KV format's kernel")
+    _check(cfg.block_h >= 16 and heads % cfg.block_h == 0 and cfg.block_h & (cfg.block_h - 1) == 0,
+           f"block_h {cfg.block_h} does not tile {heads} heads")
+    _check(16 <= cfg.block_n <= ROW_IDS_MIN and cfg.block_n & (cfg.block_n - 1) == 0,
+           f"block_n {cfg.block_n} is not a power of two in [16, {ROW_IDS_MIN}]")
+    _check(cfg.num_warps in TUNED_WARPS and cfg.num_stages in TUNED_STAGES,
+           f"{cfg.num_warps} warps and {cfg.num_stages} stages are outside {TUNED_WARPS} and {TUNED_STAGES}")
+    _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
+    row_pad(topk, splits, cfg)
+    return cfg, splits
+
+
+def launch_plan(num_tokens: int, heads: int, topk: int, fp8kv: bool, device: torch.device) -> tuple[Config, int]:
+    """(config, splits) of a launch: this GPU's tuned entry for the call's bucket, else hand_picked()."""
+    return TUNED.choose(device_identity(device), tuning_bucket(num_tokens, heads, topk, fp8kv),
+                        lambda knobs: tuned_launch(knobs, heads, topk, fp8kv),
+                        lambda: hand_picked(num_tokens, heads, topk, fp8kv, _num_sms(device)), KernelInputError)
+
+
 @dataclass(frozen=True)
 class CombineConfig:
     splits_pad: int  # splits padded to a power of two
@@ -785,9 +836,8 @@ def sparse_mla_attention(
     if num_tokens == 0:
         return
 
-    num_sms = _num_sms(device)
-    cfg = launch_config(num_tokens, heads, topk, fp8kv, num_sms)
-    splits = num_splits or num_splits_for(num_tokens, heads, topk, cfg, num_sms)
+    cfg, planned_splits = launch_plan(num_tokens, heads, topk, fp8kv, device)
+    splits = num_splits or planned_splits
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
     pad = row_pad(topk, splits, cfg)
     lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0

@@ -42,6 +42,7 @@ import triton.language as tl
 from ..bad_index import BadIndexCounter
 from ..errors import KernelInputError
 from ..fp8 import INDEX_HEAD_DIM, INDEX_PAGE_BYTES, INDEX_SCALE_OFFSET, PAGE_SIZE
+from ..tuned import Table, device_identity, table_path
 from .shapes import HEADS, NEXT_NS
 
 MAX_NEXT_N = max(NEXT_NS)
@@ -235,11 +236,54 @@ def choose_config(batch: int, next_n: int, heads: int, max_len: int, num_sms: in
         large = batch * max_len >= LARGE_KEYS
     stages, per_sm = (LARGE_STAGES, LARGE_PROGRAMS_PER_SM) if large else (NUM_STAGES, PROGRAMS_PER_SM)
     block_n, num_warps = _fit(block_n or KEYS_PER_STEP, 4, width)
+    return _split(batch, max_len, block_n, num_warps, stages, per_sm, num_sms)
+
+
+def _split(batch: int, max_len: int, block_n: int, num_warps: int, stages: int, per_sm: int,
+           num_sms: int) -> ScoreConfig:
+    """The launch of per_sm programs an SM over batch requests of max_len tokens (choose_config)."""
     steps = triton.cdiv(max_len, block_n)
     splits = max(1, min(num_sms * per_sm // max(batch, 1), steps // MIN_STEPS_PER_PROGRAM))
     steps_per_program = triton.cdiv(steps, splits)
     splits = triton.cdiv(steps, steps_per_program)
     return ScoreConfig(block_n, num_warps, stages, steps_per_program * block_n, splits)
+
+
+# `dsactl tune`'s table (kernels/tuned.py): per GPU and shape bucket, the knobs that beat choose_config
+# there; the split follows from programs_per_sm as in choose_config, so one entry fits every length of
+# its bucket.
+TUNED = Table(table_path(__file__))
+TUNED_KNOBS = ("block_n", "num_warps", "num_stages", "programs_per_sm")
+# What a tuned configuration may ask for: one page or the two-page step (longer steps were never measured),
+# the warps _fit can pick, and a pipeline depth and residency around the measured ones.
+TUNED_BLOCK_N = (PAGE_SIZE, KEYS_PER_STEP)
+TUNED_WARPS = (4, MAX_WARPS)
+TUNED_STAGES = (2, 3, 4, 5, 6)
+TUNED_PROGRAMS_PER_SM = (1, 2, 3, 4, 6, 8)
+
+
+def tuning_bucket(batch: int, next_n: int, heads: int, max_len: int) -> str:
+    """A call's bucket in the table: heads, next_n, and batch and length rounded up to powers of two."""
+    return f"h{heads}-n{next_n}-b{triton.next_power_of_2(batch)}-len{triton.next_power_of_2(max_len)}"
+
+
+def tuned_config(knobs: dict, batch: int, max_len: int, num_sms: int) -> ScoreConfig:
+    """A table entry's launch for this call, held to the values above, else KernelInputError."""
+    if sorted(knobs) != sorted(TUNED_KNOBS) or not all(type(knobs[k]) is int for k in TUNED_KNOBS):
+        raise KernelInputError(f"indexer: a tuned entry names the integer knobs {', '.join(TUNED_KNOBS)}")
+    allowed = (TUNED_BLOCK_N, TUNED_WARPS, TUNED_STAGES, TUNED_PROGRAMS_PER_SM)
+    if any(knobs[k] not in values for k, values in zip(TUNED_KNOBS, allowed)):
+        raise KernelInputError(f"indexer: tuned knobs {knobs} outside {dict(zip(TUNED_KNOBS, allowed))}")
+    return _split(batch, max_len, knobs["block_n"], knobs["num_warps"], knobs["num_stages"],
+                  knobs["programs_per_sm"], num_sms)
+
+
+def launch_config(batch: int, next_n: int, heads: int, max_len: int, device: torch.device) -> ScoreConfig:
+    """This GPU's tuned entry for the call's bucket, else choose_config()."""
+    num_sms = _num_sms(device)
+    return TUNED.choose(device_identity(device), tuning_bucket(batch, next_n, heads, max_len),
+                        lambda knobs: tuned_config(knobs, batch, max_len, num_sms),
+                        lambda: choose_config(batch, next_n, heads, max_len, num_sms), KernelInputError)
 
 
 # Block-table entries outside [0, num_pages) that the score kernel met (not read: their keys score -inf).
@@ -322,7 +366,7 @@ def score(q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, seq_lens:
     if batch == 0 or max_len == 0:
         lengths.zero_()
         return
-    cfg = config or choose_config(batch, next_n, heads, max_len, _num_sms(q.device))
+    cfg = config or launch_config(batch, next_n, heads, max_len, q.device)
     if cfg.tokens_per_program % cfg.block_n or cfg.block_n % PAGE_SIZE or cfg.splits * cfg.tokens_per_program < max_len:
         raise KernelInputError(f"indexer score config {cfg} does not tile rows of {max_len} tokens")
     indexer_score_kernel[(batch, cfg.splits)](

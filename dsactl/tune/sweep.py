@@ -1,0 +1,171 @@
+"""`dsactl tune` over a suite: bucket its workloads per family, tune each bucket (a job for the executor,
+one worker per GPU), and turn the winners into table entries for the GPU that timed them."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from dsactl.errors import DsactlError
+from dsactl.kernels import tuned
+from dsactl.tune import families, space
+from dsactl.tune.search import BucketResult, Settings, Timer, tune_bucket
+from dsactl.workloads import Workload
+
+NO_GPU = "dsactl tune needs a CUDA GPU: it times candidates on the GPU whose table it writes"
+
+
+def require_gpu() -> None:
+    from dsactl.device import has_cuda_gpu
+
+    if not has_cuda_gpu():
+        raise DsactlError(NO_GPU)
+
+
+@dataclass(frozen=True)
+class Job:
+    """One bucket: what a worker verifies and times on its GPU."""
+
+    family: str
+    bucket: str
+    workloads: tuple[Workload, ...]
+    settings: Settings
+    command: str
+
+
+@dataclass
+class Plan:
+    jobs: list[Job] = field(default_factory=list)
+    skipped: list[tuple[str, str]] = field(default_factory=list)  # (workload, why it is not tuned)
+
+
+def _served_elsewhere(family: families.Family, w: Workload, capability: tuple[int, int] | None) -> str | None:
+    """The implementation the attention dispatch sends w to on this GPU when it is not the Triton kernel
+    (its shapes taken as aligned and its CUDA libraries as built: those are what a serving call has)."""
+    if family.name != "attention-triton":
+        return None
+    from dsactl.definitions import get
+    from dsactl.kernels.attention import dispatch
+
+    p = get(w.definition).params
+    chosen = dispatch.implementation_for(p["heads"], capability, fp8kv=p["fp8kv"], num_tokens=w.axes["num_tokens"],
+                                         topk_length=p["has_topk_length"], sink=p["has_sink"],
+                                         fits={dispatch.HOPPER, dispatch.MMA} if capability else set())
+    return None if chosen == dispatch.TRITON else chosen
+
+
+def plan(workloads: Sequence[Workload], settings: Settings, command: str,
+         capability: tuple[int, int] | None) -> Plan:
+    """The buckets to tune, in the suite's order, and the workloads left out with the reason."""
+    out = Plan()
+    groups: dict[tuple[str, str], list[Workload]] = {}
+    for w in workloads:
+        family = families.for_definition(w.definition)
+        if family is None:
+            out.skipped.append((w.uuid, "no tunable kernel serves its definition"))
+            continue
+        elsewhere = _served_elsewhere(family, w, capability)
+        if elsewhere:
+            out.skipped.append((w.uuid, f"the {elsewhere} kernel serves it here, not the Triton kernel"))
+            continue
+        bucket = space.bucket(family, w)
+        if bucket is None:
+            out.skipped.append((w.uuid, "every row fits in topk: the passthrough serves it, no kernel to tune"))
+            continue
+        groups.setdefault((family.name, bucket), []).append(w)
+    out.jobs = [Job(f, b, tuple(ws), settings, command) for (f, b), ws in groups.items()]
+    return out
+
+
+def run_job(job: Job, timer: Timer | None = None, device: str = "cuda",
+            num_sms: int | None = None) -> BucketResult:
+    """Tune one bucket on this process's device: bench's timer and the GPU's SM count unless given."""
+    family = families.get(job.family)
+    if timer is None:
+        import torch
+
+        from dsactl.bench import runner as bench
+
+        s = job.settings
+        timer = bench.session(bench.Settings(s.warmup, s.iters, s.trials, s.method), job.command).timer
+        num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    result = tune_bucket(family, job.bucket, list(job.workloads),
+                         space.candidates(family, list(job.workloads), num_sms or 132), timer, job.settings, device)
+    identity = tuned.device_identity(_device(device))
+    if identity is not None:
+        result.gpu, result.capability = identity
+    return result
+
+
+def _device(device: str) -> Any:
+    import torch
+
+    return torch.device(device if device != "cuda" else "cuda:0")
+
+
+def tune(workloads: Sequence[Workload], settings: Settings, command: str, executor: Any = None,
+         on_start: Callable[[Job], None] | None = None,
+         on_done: Callable[[BucketResult], None] | None = None) -> tuple[Plan, list[BucketResult]]:
+    """Every bucket of workloads through executor (default: this process); results in plan order."""
+    import torch
+
+    from dsactl.executor.local import LocalExecutor
+
+    executor = executor or LocalExecutor()
+    capability = tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
+    p = plan(workloads, settings, command, capability)
+    results: list[BucketResult | None] = [None] * len(p.jobs)
+    for done in executor.map(run_job, p.jobs, lambda i: on_start and on_start(p.jobs[i])):
+        job = p.jobs[done.index]
+        if done.error is not None:
+            results[done.index] = BucketResult(job.family, job.bucket, [w.uuid for w in job.workloads], [],
+                                               method=f"lost: {done.error}")
+        else:
+            results[done.index] = done.result
+        if on_done:
+            on_done(results[done.index])
+    return p, [r for r in results if r is not None]
+
+
+def entries(results: Sequence[BucketResult], command: str, date: str | None = None) -> dict[str, list[tuned.Entry]]:
+    """Family name -> the table entries of the buckets whose winner beat the hand-picked choice."""
+    date = date or datetime.date.today().isoformat()
+    out: dict[str, list[tuned.Entry]] = {}
+    for r in results:
+        chosen = r.chosen
+        if chosen is None or r.capability is None:
+            continue
+        source = {"command": command, "date": date, "method": r.method, "us": round(chosen.total_us, 3),
+                  "default_us": round(r.default.total_us, 3), "workloads": r.workloads}
+        out.setdefault(r.family, []).append(tuned.Entry(r.gpu, r.capability, r.bucket, chosen.knobs, source))
+    return out
+
+
+def table_file(family: families.Family, out: Path | None) -> Path:
+    return family.table_path if out is None else out / f"{family.kernel_name}{tuned.TABLE_SUFFIX}"
+
+
+def write(new: dict[str, list[tuned.Entry]], out: Path | None = None) -> list[Path]:
+    """Merge each family's new entries into its table (other GPUs' entries kept); the files written.
+    The launchers of this process read the tables written beside them again."""
+    written = []
+    for name, found in new.items():
+        family = families.get(name)
+        path = table_file(family, out)
+        try:
+            old = tuned.read(path)
+        except ValueError as e:
+            raise DsactlError(f"{path}: cannot merge into it ({e}); fix or remove it first") from None
+        tuned.write(path, family.kernel_name, tuned.merge(old, found))
+        written.append(path)
+        if out is None and name in _loaded_families():
+            space.table(family).reload()
+    return written
+
+
+def _loaded_families() -> set[str]:
+    import sys
+
+    return {f.name for f in families.FAMILIES if f"dsactl.kernels.{f.module}" in sys.modules}

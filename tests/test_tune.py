@@ -1,0 +1,305 @@
+"""dsactl tune and the tuned-config tables: the table round-trips, the launchers use a matching entry and
+fall back to the hand-picked choice otherwise, candidates are verified before they are timed, and the
+fastest verified one is written with the hand-picked choice's time. The GPU test tunes real shapes."""
+
+from __future__ import annotations
+
+import json
+import sys
+import warnings
+
+import pytest
+import torch
+
+from dsactl.errors import DsactlError
+from dsactl.kernels import tuned
+from dsactl.kernels.attention import triton_sparse_mla as tsm
+from dsactl.kernels.indexer import score
+from dsactl.tune import families, search, space, sweep
+from dsactl.workloads import Workload
+
+H200 = ("NVIDIA H200", (9, 0))
+SMS = tsm.H200_NUM_SMS
+# A small attention call the interpreter runs in well under a second: 16 heads, topk 128, two tokens.
+SMALL = "dsa_sparse_attention_h16_ckv512_kpe64_topk128_ps64"
+SMALL_BUCKET = tsm.tuning_bucket(2, 16, 128, False)
+TUNED_KNOBS = {"block_h": 16, "block_n": 32, "num_warps": 4, "num_stages": 1, "f16": False, "num_splits": 2}
+ATTENTION = families.get("attention-triton")
+
+
+def _entry(bucket=SMALL_BUCKET, config=TUNED_KNOBS, gpu=H200):
+    return tuned.Entry(gpu[0], gpu[1], bucket, dict(config), {"command": "dsactl tune", "us": 1.0})
+
+
+@pytest.fixture
+def attention_table(monkeypatch, tmp_path):
+    """tsm.TUNED read from a file of the test's own, on a CPU device taken for an H200."""
+    path = tmp_path / "triton_sparse_mla.json"
+    monkeypatch.setattr(tsm, "TUNED", tuned.Table(path))
+    monkeypatch.setattr(tsm, "device_identity", lambda device: H200)
+    return path
+
+
+def test_table_round_trips_and_merges_per_gpu(tmp_path):
+    path = tmp_path / "t.json"
+    entries = [_entry(), _entry("h16-bf16-topk128-t4"), _entry(gpu=("NVIDIA B200", (10, 0)))]
+    tuned.write(path, "triton_sparse_mla", entries)
+    assert tuned.read(path) == sorted(entries, key=lambda e: e.key)
+    text = path.read_text()
+    tuned.write(path, "triton_sparse_mla", tuned.read(path))
+    assert path.read_text() == text  # byte for byte: a re-write is no diff
+    newer = _entry(config={**TUNED_KNOBS, "num_splits": 1})
+    merged = tuned.merge(tuned.read(path), [newer])
+    assert len(merged) == 3 and newer in merged and _entry() not in merged
+    assert tuned.read(tmp_path / "absent.json") == []
+
+
+def test_shipped_tables_are_well_formed():
+    for family in families.FAMILIES:
+        assert family.table_path.is_file(), family.table_path
+        tuned.read(family.table_path)
+        assert json.loads(family.table_path.read_text())["kernel"] == family.kernel_name
+
+
+def test_attention_launcher_uses_the_matching_entry(attention_table):
+    tuned.write(attention_table, "triton_sparse_mla", [_entry()])
+    assert tsm.launch_plan(2, 16, 128, False, torch.device("cpu")) == (tsm.Config(16, 32, 4, 1), 2)
+    # Another bucket of the same GPU: the hand-picked choice, unchanged.
+    assert tsm.launch_plan(8, 16, 128, False, torch.device("cpu")) == tsm.hand_picked(8, 16, 128, False, SMS)
+
+
+@pytest.mark.parametrize("identity", [("NVIDIA B200", (9, 0)), ("NVIDIA H200", (10, 0)), None],
+                         ids=["other-name", "other-capability", "no-gpu"])
+def test_attention_launcher_falls_back_on_an_unknown_gpu(attention_table, monkeypatch, identity):
+    tuned.write(attention_table, "triton_sparse_mla", [_entry()])
+    monkeypatch.setattr(tsm, "device_identity", lambda device: identity)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tsm.launch_plan(2, 16, 128, False, torch.device("cpu")) == tsm.hand_picked(2, 16, 128, False, SMS)
+
+
+@pytest.mark.parametrize("text", ["{not json", '{"entries": {}}', '{"entries": [{"gpu": 1}]}', ""],
+                         ids=["syntax", "entries-not-a-list", "bad-entry", "empty-file"])
+def test_attention_launcher_falls_back_on_a_malformed_table_and_warns_once(attention_table, text):
+    attention_table.write_text(text)
+    hand = tsm.hand_picked(2, 16, 128, False, SMS)
+    with pytest.warns(RuntimeWarning, match="unreadable"):
+        assert tsm.launch_plan(2, 16, 128, False, torch.device("cpu")) == hand
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tsm.launch_plan(2, 16, 128, False, torch.device("cpu")) == hand
+
+
+def test_a_missing_table_is_the_hand_picked_choice_silently(attention_table):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert tsm.launch_plan(2, 16, 128, False, torch.device("cpu")) == tsm.hand_picked(2, 16, 128, False, SMS)
+
+
+@pytest.mark.parametrize("change", [{"block_n": 48}, {"num_splits": 0}, {"num_splits": 65}, {"f16": True},
+                                    {"block_h": 32}, {"num_warps": 2}, {"num_stages": 7}, {"block_n": "32"},
+                                    {"extra": 1}])
+def test_attention_entries_outside_the_invariants_are_refused(attention_table, change):
+    tuned.write(attention_table, "triton_sparse_mla", [_entry(config={**TUNED_KNOBS, **change})])
+    with pytest.warns(RuntimeWarning, match="refused"):
+        assert tsm.launch_plan(2, 16, 128, False, torch.device("cpu")) == tsm.hand_picked(2, 16, 128, False, SMS)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        tsm.launch_plan(2, 16, 128, False, torch.device("cpu"))
+
+
+def test_a_call_with_a_tuned_entry_still_matches_the_reference(attention_table, monkeypatch):
+    from dsactl.verify import runner
+
+    tuned.write(attention_table, "triton_sparse_mla", [_entry()])
+    used = []
+    plan = tsm.launch_plan
+    monkeypatch.setattr(tsm, "launch_plan", lambda *a: used.append(plan(*a)) or used[-1])
+    w = Workload("small", SMALL, "test", "full", {"num_tokens": 2, "num_pages": 8})
+    result = runner.verify_pair(runner.Candidate("triton", fn=search.solution_for(SMALL).load()), w, 1,
+                                device="cpu")
+    assert result.status == runner.PASSED, result.problems
+    assert used == [(tsm.Config(16, 32, 4, 1), 2)]
+
+
+def test_indexer_launcher_uses_the_matching_entry_and_falls_back(monkeypatch, tmp_path):
+    path = tmp_path / "score.json"
+    monkeypatch.setattr(score, "TUNED", tuned.Table(path))
+    monkeypatch.setattr(score, "device_identity", lambda device: H200)
+    knobs = {"block_n": 64, "num_warps": 8, "num_stages": 4, "programs_per_sm": 2}
+    tuned.write(path, "score", [_entry(score.tuning_bucket(8, 1, 64, 4096), knobs)])
+    got = score.launch_config(8, 1, 64, 4096, torch.device("cpu"))
+    assert (got.block_n, got.num_warps, got.num_stages) == (64, 8, 4)
+    assert got.splits * got.tokens_per_program >= 4096 and got.splits <= SMS * 2 // 8
+    assert score.launch_config(8, 1, 64, 32768, torch.device("cpu")) == score.choose_config(8, 1, 64, 32768, SMS)
+    monkeypatch.setattr(score, "device_identity", lambda device: ("NVIDIA H100", (9, 0)))
+    assert score.launch_config(8, 1, 64, 4096, torch.device("cpu")) == score.choose_config(8, 1, 64, 4096, SMS)
+    monkeypatch.setattr(score, "device_identity", lambda device: H200)
+    tuned.write(path, "score", [_entry(score.tuning_bucket(8, 1, 64, 4096), {**knobs, "block_n": 96})])
+    score.TUNED.reload()
+    with pytest.warns(RuntimeWarning, match="refused"):
+        assert score.launch_config(8, 1, 64, 4096, torch.device("cpu")) == score.choose_config(8, 1, 64, 4096, SMS)
+
+
+def test_candidate_spaces_hold_the_hand_picked_choice_and_only_what_the_launchers_accept():
+    contest = [Workload(f"c{t}", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64", "t", "full",
+                        {"num_tokens": t, "num_pages": 64}) for t in (6, 8)]
+    found = space.candidates(ATTENTION, contest, SMS)
+    assert found[0] is None and len(found) == len({json.dumps(k, sort_keys=True) for k in found[1:]}) + 1
+    hand = tsm.hand_picked(8, 16, 2048, False, SMS)
+    assert {**{k: getattr(hand[0], k) for k in tsm.TUNED_KNOBS[:-1]}, "num_splits": hand[1]} in found[1:]
+    for k in found[1:]:
+        tsm.tuned_launch(k, 16, 2048, False)
+    one_shape = space.candidates(ATTENTION, contest[1:], SMS)
+    assert len(one_shape) == len(found) - 1  # the hand-picked knobs are the hand-picked choice itself
+    indexer = families.get("indexer-score")
+    w = Workload("i", "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64", "t", "scored",
+                 {"batch_size": 8, "num_pages": 600, "max_num_pages": 64}, {"seq_lens": (4096,) * 8})
+    assert space.bucket(indexer, w) == score.tuning_bucket(8, 1, 64, 4096)
+    found = space.candidates(indexer, [w], SMS)
+    assert found[0] is None and len(found) > 3
+    for k in found[1:]:
+        score.tuned_config(k, 8, 4096, SMS)
+    short = Workload("s", w.definition, "t", "passthrough", {**w.axes, "max_num_pages": 32}, {"seq_lens": (2048,)})
+    assert space.bucket(indexer, short) is None
+
+
+class FakeTimer:
+    """Times nothing: a call's "us" is a function of the configuration the launcher ran with."""
+
+    def __init__(self, monkeypatch, cost):
+        self.timed = []
+        self.cost = cost
+        plan = tsm.launch_plan
+        monkeypatch.setattr(tsm, "launch_plan", lambda *a: self.seen.append(plan(*a)) or self.seen[-1])
+        self.seen = []
+
+    def __call__(self, fn, iters, warmup):
+        self.seen.clear()
+        fn()
+        self.timed.append(self.seen[-1])
+        return "fake", [self.cost(*self.seen[-1])] * iters
+
+
+def test_tune_verifies_before_timing_and_writes_the_fastest_verified_candidate(monkeypatch, tmp_path):
+    w = Workload("small", SMALL, "test", "full", {"num_tokens": 2, "num_pages": 8})
+    found = space.candidates(ATTENTION, [w], SMS)
+    hand = tsm.hand_picked(2, 16, 128, False, SMS)
+    fastest = next(k for k in found[1:] if k["num_warps"] != hand[0].num_warps)
+    broken = found[-1] if found[-1] is not fastest else found[-2]
+    real_forced = search.forced
+
+    def forced(table, knobs, fn):  # the broken candidate computes with the right knobs, then spoils its output
+        run = real_forced(table, knobs, fn)
+        if knobs is not broken:
+            return run
+        return lambda *args: (run(*args), args[-2].zero_())
+
+    monkeypatch.setattr(search, "forced", forced)
+    timer = FakeTimer(monkeypatch, lambda cfg, splits: 5.0 if cfg.num_warps == fastest["num_warps"]
+                      and (cfg.block_n, cfg.num_stages, splits) == (fastest["block_n"], fastest["num_stages"],
+                                                                   fastest["num_splits"]) else 10.0 + splits)
+    settings = search.Settings(warmup=0, iters=2, trials=1, verify_trials=1)
+    result = search.tune_bucket(ATTENTION, SMALL_BUCKET, [w], found, timer, settings, "cpu")
+    refused = [t for t in result.tried if t.problem]
+    assert [t.knobs for t in refused] == [broken] and "small" in refused[0].problem
+    broken_plan = tsm.tuned_launch(broken, 16, 128, False)
+    assert broken_plan not in timer.timed and len(timer.timed) == len(found) - 1
+    assert result.winner.knobs == fastest and result.chosen is result.winner
+    assert result.default.knobs is None and result.default.total_us == 10.0 + hand[1]
+
+    result.gpu, result.capability = H200
+    new = sweep.entries([result], "dsactl tune -d x", date="2026-01-02")
+    [entry] = new["attention-triton"]
+    assert entry.config == fastest and entry.bucket == SMALL_BUCKET and entry.key[:2] == H200
+    assert entry.source == {"command": "dsactl tune -d x", "date": "2026-01-02", "method": "fake", "us": 5.0,
+                            "default_us": 10.0 + hand[1], "workloads": ["small"]}
+    other_gpu = _entry(gpu=("NVIDIA B200", (10, 0)))
+    tuned.write(tmp_path / "triton_sparse_mla.json", "triton_sparse_mla", [other_gpu])
+    [path] = sweep.write(new, tmp_path)
+    assert tuned.read(path) == [other_gpu, entry]  # merged: the other GPU's entry kept
+
+
+def test_a_winner_within_the_noise_or_a_failing_hand_picked_choice_writes_nothing():
+    def result(default_us, best_us, default_problem=""):
+        return search.BucketResult("attention-triton", "b", ["w"], [
+            search.Tried(None, default_problem, {} if default_problem else {"w": default_us}),
+            search.Tried(dict(TUNED_KNOBS), "", {"w": best_us})], gpu=H200[0], capability=H200[1])
+
+    assert result(10.0, 9.9).chosen is None
+    assert result(10.0, 9.0).chosen is not None
+    assert result(10.0, 5.0, default_problem="w: wrong").chosen is None
+    assert sweep.entries([result(10.0, 9.9)], "c") == {}
+
+
+def test_plan_skips_what_the_triton_kernels_do_not_serve():
+    from dsactl import workloads
+
+    chosen = workloads.select("scale", None, "dsa_*")
+    p = sweep.plan(chosen, search.Settings(), "c", (9, 0))
+    why = dict(p.skipped)
+    assert "hopper" in why["scale-attention-h128-t8-bf16"] and "mma" in why["scale-attention-h16-t8-fp8"]
+    assert "no tunable kernel" in why["scale-topk-r1-len2049-fp32"]
+    buckets = {(j.family, j.bucket) for j in p.jobs}
+    assert ("attention-triton", tsm.tuning_bucket(8, 16, 2048, False)) in buckets
+    assert ("indexer-score", score.tuning_bucket(32, 1, 64, 32768)) in buckets
+    cpu = sweep.plan(chosen, search.Settings(), "c", None)
+    assert not any("kernel serves it here" in why for _, why in cpu.skipped)
+
+
+def test_tune_without_a_gpu_is_one_line_exit_2(monkeypatch, capsys):
+    from dsactl import cli
+
+    monkeypatch.setattr("dsactl.device.has_cuda_gpu", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["dsactl", "tune", "-d", "dsa_sparse_attention_*", "--suite", "contest"])
+    with pytest.raises(SystemExit) as exit_:
+        cli.main()
+    assert exit_.value.code == 2
+    out = capsys.readouterr()
+    assert out.err == f"error: {sweep.NO_GPU}\n" and out.out == ""
+
+
+def test_tune_refuses_a_bad_out_or_method_in_one_line(monkeypatch, capsys, tmp_path):
+    from dsactl import cli
+
+    monkeypatch.setattr("dsactl.device.has_cuda_gpu", lambda: True)
+    a_file = tmp_path / "f"
+    a_file.write_text("")
+    for args in (["--out", str(a_file)], ["--method", "stopwatch"]):
+        monkeypatch.setattr(sys, "argv", ["dsactl", "tune", *args])
+        with pytest.raises(SystemExit) as exit_:
+            cli.main()
+        assert exit_.value.code == 2
+        err = capsys.readouterr().err
+        assert err.startswith("error: ") and len(err.strip().splitlines()) == 1
+
+
+def test_merging_into_a_malformed_table_is_an_error(tmp_path):
+    (tmp_path / "triton_sparse_mla.json").write_text("{")
+    with pytest.raises(DsactlError, match="cannot merge"):
+        sweep.write({"attention-triton": [_entry()]}, tmp_path)
+
+
+@pytest.mark.gpu
+def test_tune_on_the_gpu_finds_a_config_at_least_as_fast_and_the_dispatcher_uses_it(tmp_path, monkeypatch):
+    """A few contest and scale shapes: each bucket's winner is at least as fast as the hand-picked choice
+    (the hand-picked choice is a candidate), and a call on this GPU then runs the written entry."""
+    from dsactl import workloads
+
+    chosen = [w for w in workloads.suite("contest") if w.uuid in ("contest-attention-000", "contest-attention-001")]
+    settings = search.Settings(warmup=3, iters=10, trials=1, verify_trials=1)
+    plan, results = sweep.tune(chosen, settings, "pytest")
+    assert results and all(r.default.total_us is not None for r in results)
+    for r in results:
+        assert r.winner.total_us <= r.default.total_us
+    new = sweep.entries(results, "pytest")
+    path = tmp_path / "triton_sparse_mla.json"
+    if "attention-triton" not in new:
+        pytest.skip("the hand-picked choice won every bucket within the noise: nothing to dispatch")
+    tuned.write(path, "triton_sparse_mla", new["attention-triton"])
+    monkeypatch.setattr(tsm, "TUNED", tuned.Table(path))
+    entry = new["attention-triton"][0]
+    w = next(w for w in chosen if w.uuid in entry.source["workloads"])
+    num_tokens, heads, topk, fp8kv = space.bucket_shape(ATTENTION, w)
+    assert tsm.launch_plan(num_tokens, heads, topk, fp8kv, torch.device("cuda")) == \
+        tsm.tuned_launch(entry.config, heads, topk, fp8kv)
