@@ -247,6 +247,26 @@ def test_plan_skips_what_the_triton_kernels_do_not_serve():
     assert not any("kernel serves it here" in why for _, why in cpu.skipped)
 
 
+def test_tune_runs_each_bucket_as_an_executor_job_and_renders(monkeypatch, capsys):
+    import functools
+
+    from dsactl.cli.tune import _render
+
+    ws = [Workload("small", SMALL, "test", "full", {"num_tokens": 2, "num_pages": 8}),
+          Workload("short", "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64", "test", "passthrough",
+                   {"batch_size": 2, "num_pages": 40, "max_num_pages": 8}, {"seq_lens": (100, 200)})]
+    timer = FakeTimer(monkeypatch, lambda cfg, splits: 10.0 + cfg.num_warps + splits)
+    monkeypatch.setattr(sweep, "run_job", functools.partial(sweep.run_job, timer=timer, device="cpu", num_sms=SMS))
+    started = []
+    plan, [result] = sweep.tune(ws, search.Settings(warmup=0, iters=1, trials=1, verify_trials=1), "c",
+                                on_start=started.append)
+    assert [j.bucket for j in started] == [SMALL_BUCKET] and plan.skipped[0][0] == "short"
+    assert all(not t.problem for t in result.tried) and len(timer.timed) == len(result.tried)
+    _render(plan, [result])
+    out = capsys.readouterr().out
+    assert SMALL_BUCKET in out and "passthrough" in out
+
+
 def test_tune_without_a_gpu_is_one_line_exit_2(monkeypatch, capsys):
     from dsactl import cli
 
@@ -282,24 +302,32 @@ def test_merging_into_a_malformed_table_is_an_error(tmp_path):
 
 @pytest.mark.gpu
 def test_tune_on_the_gpu_finds_a_config_at_least_as_fast_and_the_dispatcher_uses_it(tmp_path, monkeypatch):
-    """A few contest and scale shapes: each bucket's winner is at least as fast as the hand-picked choice
-    (the hand-picked choice is a candidate), and a call on this GPU then runs the written entry."""
+    """Two contest shapes: each bucket's winner is at least as fast as the hand-picked choice (one of the
+    candidates), and once an entry is in the table, a call on this GPU runs it and still verifies."""
     from dsactl import workloads
+    from dsactl.verify import runner
 
     chosen = [w for w in workloads.suite("contest") if w.uuid in ("contest-attention-000", "contest-attention-001")]
     settings = search.Settings(warmup=3, iters=10, trials=1, verify_trials=1)
     plan, results = sweep.tune(chosen, settings, "pytest")
-    assert results and all(r.default.total_us is not None for r in results)
+    assert len(results) == 2 and all(r.default.total_us is not None for r in results)
     for r in results:
         assert r.winner.total_us <= r.default.total_us
-    new = sweep.entries(results, "pytest")
+        assert r.gpu == torch.cuda.get_device_name() and r.capability == torch.cuda.get_device_capability()
+    r = results[0]
+    # The winner, or (when the hand-picked choice won) the fastest explicit candidate: what the table holds.
+    entry_knobs = min((t for t in r.tried if t.knobs is not None and t.total_us is not None),
+                      key=lambda t: t.total_us).knobs
     path = tmp_path / "triton_sparse_mla.json"
-    if "attention-triton" not in new:
-        pytest.skip("the hand-picked choice won every bucket within the noise: nothing to dispatch")
-    tuned.write(path, "triton_sparse_mla", new["attention-triton"])
+    tuned.write(path, "triton_sparse_mla", [tuned.Entry(r.gpu, r.capability, r.bucket, entry_knobs)])
     monkeypatch.setattr(tsm, "TUNED", tuned.Table(path))
-    entry = new["attention-triton"][0]
-    w = next(w for w in chosen if w.uuid in entry.source["workloads"])
+    w = next(w for w in chosen if w.uuid in r.workloads)
     num_tokens, heads, topk, fp8kv = space.bucket_shape(ATTENTION, w)
-    assert tsm.launch_plan(num_tokens, heads, topk, fp8kv, torch.device("cuda")) == \
-        tsm.tuned_launch(entry.config, heads, topk, fp8kv)
+    expected = tsm.tuned_launch(entry_knobs, heads, topk, fp8kv)
+    assert tsm.launch_plan(num_tokens, heads, topk, fp8kv, torch.device("cuda:0")) == expected
+    used = []
+    plan_fn = tsm.launch_plan
+    monkeypatch.setattr(tsm, "launch_plan", lambda *a: used.append(plan_fn(*a)) or used[-1])
+    result = runner.verify_pair(runner.Candidate("tuned", fn=search.solution_for(w.definition).load()), w, 1)
+    assert result.status == runner.PASSED, result.problems
+    assert used and all(u == expected for u in used)
