@@ -254,10 +254,10 @@ def cpu_bench(monkeypatch):
         fn()
         return "fake", [1000.0 if iters == bench_runner.REFERENCE_ITERS else 40.0] * iters
 
-    def session(settings, command):
-        return bench_runner._Session((), {"command": command, "gpu": "worker"}, timer, 1, None, "cpu")
+    def timing_setup(settings, command):
+        return bench_runner._TimingSetup((), {"command": command, "gpu": "worker"}, timer, 1, None, "cpu")
 
-    monkeypatch.setattr(bench_runner, "session", session)
+    monkeypatch.setattr(bench_runner, "timing_setup", timing_setup)
     chosen = select("edge", workload_ids=BENCH_WORKLOADS)
     return bench_runner, chosen, bench_runner.Settings(iters=2, trials=1, baselines=["torch-topk"])
 

@@ -309,7 +309,7 @@ def environment(command: str, method: str, settings: Settings, peaks: Any, self_
 
 
 @dataclass
-class _Session:
+class _TimingSetup:
     """A process's timing setup (method, self-check, peaks, L2 flusher), made for its first workload."""
 
     key: tuple
@@ -320,17 +320,17 @@ class _Session:
     device: str = "cuda"
 
 
-_session: list[_Session] = []  # at most one: a worker process serves one run
+_timing_setup: list[_TimingSetup] = []  # at most one: a worker process serves one run
 
 
-def session(settings: Settings, command: str) -> _Session:
+def timing_setup(settings: Settings, command: str) -> _TimingSetup:
     import torch
 
     from dsactl.bench import peaks as peaks_mod
 
     key = (command, settings.method, settings.warmup, settings.iters, settings.trials)
-    if _session and _session[0].key == key:
-        return _session[0]
+    if _timing_setup and _timing_setup[0].key == key:
+        return _timing_setup[0]
     if not torch.cuda.is_available():
         raise DsactlError("bench needs a CUDA GPU (torch sees none)")
     flusher = timing.L2Flusher()
@@ -341,9 +341,9 @@ def session(settings: Settings, command: str) -> _Session:
         return timing.measure(fn, method, iters, warmup, flusher)
 
     sm_count = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    _session[:] = [_Session(key, environment(command, method, settings, peaks, check, rejected), timer, sm_count,
-                            peaks)]
-    return _session[0]
+    meta = environment(command, method, settings, peaks, check, rejected)
+    _timing_setup[:] = [_TimingSetup(key, meta, timer, sm_count, peaks)]
+    return _timing_setup[0]
 
 
 @dataclass(frozen=True)
@@ -363,7 +363,7 @@ class Outcome:
 
 
 def run_job(job: Job) -> Outcome:
-    s = session(job.settings, job.command)
+    s = timing_setup(job.settings, job.command)
     contenders, skipped = contenders_for(job.workload.definition, job.settings)
     rows = _bench_workload(job.workload, contenders, job.settings, s.timer, s.device, s.sm_count, skipped, None)
     _finish(rows, s.peaks)
@@ -385,7 +385,7 @@ def bench(workloads: Sequence[Workload], settings: Settings, command: str,
     executor = executor or LocalExecutor()
     run = BenchRun(meta={})
     if executor.local:
-        run.meta = dict(session(settings, command).meta)
+        run.meta = dict(timing_setup(settings, command).meta)
         if on_ready:
             on_ready(run.meta)
     # Grouped by definition, as run_bench orders its rows.

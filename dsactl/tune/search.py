@@ -4,7 +4,7 @@ A candidate runs through the solution's own entry with the family's table forced
 (kernels/tuned.py, Table.forced), so what is verified and timed is exactly what the launcher will run
 once the knobs are in the table. A candidate is verified (dsactl.verify: fresh inputs, poisoned outputs,
 the contest's rules) on every workload of the bucket before it is timed; one that fails is never timed.
-The survivors are timed as bench times (the timer bench's session picks: cold L2, kernel time), all on
+The survivors are timed as bench times (the timer bench's timing setup picks: cold L2, kernel time), all on
 the same inputs per trial, and ranked by the sum of their per-workload medians.
 """
 

@@ -89,7 +89,7 @@ def run_job(job: Job, timer: Timer | None = None, device: str = "cuda",
         from dsactl.bench import runner as bench
 
         s = job.settings
-        timer = bench.session(bench.Settings(s.warmup, s.iters, s.trials, s.method), job.command).timer
+        timer = bench.timing_setup(bench.Settings(s.warmup, s.iters, s.trials, s.method), job.command).timer
         num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     result = tune_bucket(family, job.bucket, list(job.workloads),
                          space.candidates(family, list(job.workloads), num_sms or 132), timer, job.settings, device)
