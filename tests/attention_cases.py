@@ -5,8 +5,10 @@ from __future__ import annotations
 
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Callable
 
 import pytest
+import torch
 
 from dsactl.build import arch as arch_table
 from dsactl.build.pipeline import build_arch
@@ -40,6 +42,16 @@ def poisoned_outputs(definition: str, inputs: dict) -> dict:
 def assert_matches_reference(definition: str, inputs: dict, outputs: dict) -> None:
     verdict = check(get(definition), inputs, outputs)
     assert verdict.passed, "\n".join(verdict.problems)
+
+
+def assert_repeatable(call: Callable[[], dict], definition: str, inputs: dict, repeats: int) -> None:
+    """call() passes the reference, then gives the same output and lse bit for bit `repeats` times more:
+    a race in a kernel would move them."""
+    first = call()
+    assert_matches_reference(definition, inputs, first)
+    for _ in range(repeats):
+        again = call()
+        assert torch.equal(again["output"], first["output"]) and torch.equal(again["lse"], first["lse"])
 
 
 def build_library(root: Path, library: str, arches: tuple[str, ...]) -> dict:

@@ -16,7 +16,8 @@ import sys
 
 import pytest
 import torch
-from attention_cases import assert_matches_reference, case_inputs, definition_name, poisoned_outputs
+from attention_cases import (assert_matches_reference, assert_repeatable, case_inputs, definition_name,
+                             poisoned_outputs)
 
 from dsactl import solutions
 from dsactl.definitions import get
@@ -501,11 +502,7 @@ def test_gpu_repeated_calls_are_bitwise_identical():
     inputs = case_inputs(definition, 8, 512, "cuda", seed=9)
     for num_splits in (None, 3, 32):
         fn = _launcher_kwargs(definition, num_splits)
-        first = _run(fn, definition, inputs)
-        assert_matches_reference(definition, inputs, first)
-        for _ in range(200):
-            again = _run(fn, definition, inputs)
-            assert torch.equal(again["output"], first["output"]) and torch.equal(again["lse"], first["lse"])
+        assert_repeatable(lambda: _run(fn, definition, inputs), definition, inputs, 200)
 
 
 @pytest.mark.gpu

@@ -17,8 +17,8 @@ import subprocess
 
 import pytest
 import torch
-from attention_cases import (assert_matches_reference, build_library, case_inputs, definition_name,
-                             poisoned_outputs)
+from attention_cases import (assert_matches_reference, assert_repeatable, build_library, case_inputs,
+                             definition_name, poisoned_outputs)
 
 from dsactl.build import cuda as build_cuda
 from dsactl.build import cuobjdump
@@ -520,11 +520,7 @@ def test_gpu_repeated_calls_are_bitwise_identical():
     definition = definition_name(128, 2048, "_fp8kv")
     inputs = case_inputs(definition, 8, 512, "cuda", seed=9, pattern="scattered", valid=(2048, 1000, 1, 0) * 2)
     for num_splits in (None, 1):
-        first = _call(definition, inputs, num_splits)
-        assert_matches_reference(definition, inputs, first)
-        for _ in range(50):
-            again = _call(definition, inputs, num_splits)
-            assert torch.equal(again["output"], first["output"]) and torch.equal(again["lse"], first["lse"])
+        assert_repeatable(lambda: _call(definition, inputs, num_splits), definition, inputs, 50)
 
 
 @pytest.mark.gpu

@@ -18,8 +18,8 @@ import subprocess
 import pytest
 import torch
 import torch.nn.functional as F
-from attention_cases import (assert_matches_reference, build_library, case_inputs, definition_name,
-                             poisoned_outputs)
+from attention_cases import (assert_matches_reference, assert_repeatable, build_library, case_inputs,
+                             definition_name, poisoned_outputs)
 
 from dsactl import fp8
 from dsactl.build import arch as arch_table
@@ -480,11 +480,7 @@ def test_gpu_repeated_calls_are_bitwise_identical(heads):
     definition = _definition(heads, 2048, "_fp8kv_sink")
     inputs = case_inputs(definition, 8, 128, "cuda", seed=9, pattern="scattered", valid=(2048, 1000, 1, 0) * 2)
     for num_splits in (None, 1):
-        first = _call(definition, inputs, num_splits)
-        assert_matches_reference(definition, inputs, first)
-        for _ in range(20):
-            again = _call(definition, inputs, num_splits)
-            assert torch.equal(again["output"], first["output"]) and torch.equal(again["lse"], first["lse"])
+        assert_repeatable(lambda: _call(definition, inputs, num_splits), definition, inputs, 20)
 
 
 @pytest.mark.gpu
