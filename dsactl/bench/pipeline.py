@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
+from dsactl.bench.report import read_meta, write_meta
 from dsactl.errors import DsactlError
 
 
@@ -218,8 +219,7 @@ def write_csv(path: str | Path, rows: Sequence[PipelineRow], meta: dict[str, Any
     """Rows under `# key: value` lines of meta (the command, the GPU, the timing methods)."""
     path = Path(path)
     out = io.StringIO()
-    for key, value in meta.items():
-        out.write(f"# {key}: {json.dumps(value, default=str)}\n")
+    write_meta(out, meta)
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(COLUMNS)
     for row in rows:
@@ -229,18 +229,7 @@ def write_csv(path: str | Path, rows: Sequence[PipelineRow], meta: dict[str, Any
 
 
 def read_csv(path: str | Path) -> tuple[list[PipelineRow], dict[str, Any]]:
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as e:
-        raise DsactlError(f"cannot read {path}: {e.strerror}") from None
-    meta = {}
-    body = []
-    for line in lines:
-        if line.startswith("# "):
-            key, _, value = line[2:].partition(": ")
-            meta[key] = json.loads(value)
-        else:
-            body.append(line)
+    meta, body = read_meta(path)
     reader = csv.DictReader(body)
     if reader.fieldnames != COLUMNS:
         raise DsactlError(f"{path} is not a dsactl pipeline CSV (columns {reader.fieldnames})")

@@ -92,23 +92,14 @@ def _parse(name: str, text: str) -> Any:
     return text
 
 
-def write_csv(path: str | Path, run: BenchRun) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    out = io.StringIO()
-    for key, value in run.meta.items():
+def write_meta(out: io.StringIO, meta: dict[str, Any]) -> None:
+    """A results CSV's header: one `# key: json value` line per item of meta."""
+    for key, value in meta.items():
         out.write(f"# {key}: {json.dumps(value, default=str)}\n")
-    out.write(f"# {SCORES_KEY}: {json.dumps([asdict(s) for s in run.scores()])}\n")
-    writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(COLUMNS)
-    for r in run.results:
-        d = r.to_dict()
-        writer.writerow([_cell(c, d[c]) for c in COLUMNS])
-    path.write_text(out.getvalue())
-    return path
 
 
-def read_csv(path: str | Path) -> BenchRun:
+def read_meta(path: str | Path) -> tuple[dict[str, Any], list[str]]:
+    """A results CSV's header (write_meta) and the CSV lines after it."""
     try:
         lines = Path(path).read_text().splitlines()
     except OSError as e:
@@ -121,6 +112,26 @@ def read_csv(path: str | Path) -> BenchRun:
             meta[key] = json.loads(value)
         else:
             body.append(line)
+    return meta, body
+
+
+def write_csv(path: str | Path, run: BenchRun) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    out = io.StringIO()
+    write_meta(out, run.meta)
+    out.write(f"# {SCORES_KEY}: {json.dumps([asdict(s) for s in run.scores()])}\n")
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(COLUMNS)
+    for r in run.results:
+        d = r.to_dict()
+        writer.writerow([_cell(c, d[c]) for c in COLUMNS])
+    path.write_text(out.getvalue())
+    return path
+
+
+def read_csv(path: str | Path) -> BenchRun:
+    meta, body = read_meta(path)
     reader = csv.DictReader(body)
     if reader.fieldnames is None or not {"solution", "workload", "median_us"} <= set(reader.fieldnames):
         raise DsactlError(f"{path} is not a dsactl bench CSV (no solution/workload/median_us columns)")
