@@ -10,6 +10,7 @@ import typer
 
 from dsactl.cli import workers
 from dsactl.cli.render import console, err_console
+from dsactl.errors import DsactlError
 
 # Exit codes: 0 ok; 1 a regression against --compare, or a solution failed to run;
 # 2 a usage error (DsactlError, from dsactl.cli.main).
@@ -47,7 +48,6 @@ def _bench_pipeline(heads, batch, context, warmup: int, iters: int, method: str,
     from dsactl.bench import pipeline, report, timing
     from dsactl.cli.render import table
     from dsactl.device import has_cuda_gpu
-    from dsactl.errors import DsactlError
 
     shapes = pipeline.select(heads=heads, batch=batch, context=context)
     timing.check_method(method)
@@ -129,14 +129,10 @@ def register(app: typer.Typer) -> None:
         """Time solutions, the reference and baselines on a suite; report latency, speedup, GB/s, TFLOP/s."""
         if pipeline:
             if gpus or ray:
-                from dsactl.errors import DsactlError
-
                 raise DsactlError("--pipeline times the step on this process's GPU: --gpus and --ray do not apply")
             return _bench_pipeline(heads or (), batch or (), context or (), warmup, iters, method, no_reference,
                                    csv_path, json_path, no_save, plot_dir)
         if heads or batch or context:
-            from dsactl.errors import DsactlError
-
             raise DsactlError("--heads, --batch and --context choose pipeline shapes: they need --pipeline")
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
