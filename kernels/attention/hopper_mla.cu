@@ -322,13 +322,17 @@ struct Work {
   int t, group, split, n_mine, num_blocks;
 };
 
-// Row position of block b's token i in split s: s + (b * 64 + i) * S, valid below n_mine. The id is
-// returned as loaded and tested where it is used (in_cache): a test here would make the producer wait
-// for each index load on the spot instead of keeping it in flight until the gather needs it.
+// The id at position j of this CTA's split s of S: row position s + j * S.
+__device__ __forceinline__ int split_id(const Params& p, const Work& w, int j) {
+  return __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
+}
+
+// Block b's token i: split position b * 64 + i, valid below n_mine. The id is returned as loaded and
+// tested where it is used (in_cache): a test here would make the producer wait for each index load on
+// the spot instead of keeping it in flight until the gather needs it.
 __device__ __forceinline__ int gather_index(const Params& p, const Work& w, int b, int token) {
   const int j = b * kBlockTokens + token;
-  if (j >= w.n_mine) return -1;
-  return __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
+  return j < w.n_mine ? split_id(p, w, j) : -1;
 }
 
 // Whether an id is gathered: one unsigned compare masks -1 and every id outside [0, cache_tokens), so
@@ -345,7 +349,7 @@ __device__ void count_bad_ids(const Params& p, const Work& w) {
   if (w.group != 0) return;
   int bad = 0;
   for (int j = threadIdx.x; j < w.n_mine; j += kWarpgroupThreads) {
-    const int idx = __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
+    const int idx = split_id(p, w, j);
     bad += !in_cache(p, idx) && idx != -1;
   }
   if (bad > 0) atomicAdd(p.bad_index_count, bad);
