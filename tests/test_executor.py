@@ -133,7 +133,7 @@ def test_verify_through_the_host_executor_gives_the_plain_run_verdicts(local_rep
 # ---------------------------------------------------------------- a local Ray cluster
 
 @pytest.fixture(scope="module")
-def ray_session():
+def local_ray():
     ray = pytest.importorskip("ray")
     # The actors import this file's helpers and broken_solutions by name, as the host workers do.
     here = os.path.dirname(os.path.abspath(__file__))
@@ -144,7 +144,7 @@ def ray_session():
     ray.shutdown()
 
 
-def test_verify_on_ray_gives_the_plain_run_verdicts(ray_session, local_report):
+def test_verify_on_ray_gives_the_plain_run_verdicts(local_ray, local_report):
     from dsactl.executor.ray_cluster import RayExecutor
 
     cands, chosen = _candidates()
@@ -160,7 +160,7 @@ def test_verify_on_ray_gives_the_plain_run_verdicts(ray_session, local_report):
     assert all(r.gpu == "cpu" and r.host for r in report.results)
 
 
-def test_a_ray_actor_killed_mid_run_is_restarted_and_its_workload_rerun(ray_session, tmp_path, local_report):
+def test_a_ray_actor_killed_mid_run_is_restarted_and_its_workload_rerun(local_ray, tmp_path, local_report):
     from dsactl.executor.ray_cluster import RayExecutor
 
     cands, chosen = _candidates()
@@ -177,7 +177,7 @@ def test_a_ray_actor_killed_mid_run_is_restarted_and_its_workload_rerun(ray_sess
     assert verdicts == _verdicts(local_report)
 
 
-def test_a_ray_run_that_loses_every_actor_reports_each_job_once(ray_session):
+def test_a_ray_run_that_loses_every_actor_reports_each_job_once(local_ray):
     from dsactl.executor.ray_cluster import RayExecutor
 
     ex = RayExecutor(None, restarts=0, task_retries=0)
