@@ -7,7 +7,8 @@
 //   row_to_batch [rows] int32 or NULL (NULL: row r uses block-table row r)
 //   out          [rows, topk] int32, row stride out_stride: physical ids
 //                block_table[b, i / 64] * 64 + i % 64 of the top min(topk, length) positions
-//                i, -1 padded, in no particular order (set semantics, no duplicates).
+//                i, -1 padded, in no particular order (set semantics, no duplicates); rows of
+//                max_len <= kRowMaxLen give the same ids in the same order on every call.
 //   1 <= topk <= kMaxTopk; 0 <= num_pages <= 2^25 (every id then fits int32).
 // Masking: a selected position whose block-table entry is outside [0, num_pages) is written as
 // -1, and a row whose row_to_batch value is outside [0, batch_rows) is all -1 (its block-table
@@ -15,7 +16,8 @@
 // only). Selection itself never depends on the page ids.
 // Order: scores are ranked by an order-preserving unsigned key (fp32: 32 bits, bf16: 16 bits)
 // in which -0.0 equals +0.0 and every NaN ranks below -inf; ties at the threshold are broken
-// arbitrarily but exactly (topk ids in total). Lengths are clamped to
+// exactly (topk ids in total): in thread order by the row kernel, first come first served across
+// the cluster kernel's CTAs. Lengths are clamped to
 // [0, min(max_len, max_pages * 64)] so a malformed length never reads outside the buffers; the
 // operator's contract requires them in range. Rows with length <= topk take the structural
 // mapping (no histogram).
