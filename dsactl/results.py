@@ -130,7 +130,7 @@ def attention_bf16() -> str:
     return _attention(False)
 
 
-ROWS_SHOWN = (1, 32, 128)  # batch sizes / row counts the README shows of the scale suite's five
+ROWS_SHOWN = (1, 32, 128)  # batch sizes the README shows of the scale suite's five
 
 
 def _pivot(file: str, row_axis: str, columns: tuple[str, Callable[[dict[str, int]], int]],
@@ -161,9 +161,20 @@ def indexer() -> str:
                   {"dsactl-indexer": "dsactl", "torch-indexer": "torch (vectorized)"})
 
 
-def topk() -> str:
-    return _pivot("topk.csv", "num_rows", ("len", lambda a: a["max_len"]), {"dsactl-topk": "dsactl", "torch-topk": "torch.topk + gather"},
-                  keep=lambda r: not get_definition(r.definition).name.endswith("_bf16"))
+def pipeline() -> str:
+    """The whole decode step at 128 attention heads, FP8 KV, one query token: replayed from a CUDA graph, the sum
+    of its kernels, and the vectorized PyTorch stages, per batch size (rows) and context (columns)."""
+    from dsactl.bench.pipeline import read_csv as read_pipeline
+
+    rows, _ = read_pipeline(_source("pipeline.csv"))
+    shown = [r for r in rows if r.heads == 128 and r.kv_format == "fp8" and r.next_n == 1 and r.batch in ROWS_SHOWN]
+    contexts = sorted({r.context for r in shown})
+    contenders = (("step, CUDA graph", lambda r: r.graph_us), ("its kernels, summed", lambda r: r.kernels_us),
+                  ("PyTorch stages", lambda r: r.reference_us))
+    cell = {(r.batch, r.context): r for r in shown}
+    table = [(str(b), name, *(_us(value(cell[b, c])) if (b, c) in cell else _us(None) for c in contexts))
+             for b in sorted({r.batch for r in shown}) for name, value in contenders]
+    return _md(["batch size", "contender, us", *(f"ctx {c}" for c in contexts)], table, right_from=2)
 
 
 def verify() -> str:
@@ -179,7 +190,7 @@ def verify() -> str:
 
 TABLES: dict[str, Callable[[], str]] = {
     "contest": contest, "attention-fp8": attention_fp8, "attention-bf16": attention_bf16,
-    "indexer": indexer, "topk": topk, "verify": verify,
+    "indexer": indexer, "pipeline": pipeline, "verify": verify,
 }
 
 
