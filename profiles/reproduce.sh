@@ -20,6 +20,8 @@
 #              (tests/fixtures/ncu/<family>.ncu-rep), then ncu-tables
 #   ncu-tables ncu/<family>/: the reports' tables, roofline and utilisation charts (dsactl profile --import;
 #              needs no GPU, so it also runs where the GPU machine's ncu-report cannot read them)
+#   ncu-flashmla  ncu/attention-vs-flashmla/: Nsight Compute on our FP8 decode and FlashMLA's on the same
+#              64/128-head workloads (T=128, 256), in one run
 #   readme     README.md's result tables rewritten from the CSVs above (python3 -m dsactl.results)
 #
 # FlashMLA (the `-b flashmla` baseline) is built from source when .baselines/FlashMLA holds its repository
@@ -35,7 +37,7 @@ GPU=${GPU:-$(python3 -c "import torch; from dsactl.device import gpu_slug; print
 DIR=profiles/$GPU
 mkdir -p "$DIR"
 AREAS=("$@")
-[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention indexer topk pipeline ncu readme)
+[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention indexer topk pipeline ncu ncu-flashmla readme)
 
 # cupti-python times kernels by CUPTI; a wheel carried in .carry/ installs where pip has no network.
 if ! python3 -c "from cupti import cupti" 2>/dev/null && ls .carry/cupti_python-*.whl >/dev/null 2>&1; then
@@ -91,6 +93,14 @@ for area in "${AREAS[@]}"; do
       for report in tests/fixtures/ncu/*.ncu-rep; do
         "${DSACTL[@]}" profile --import "$report" -o "$DIR/ncu/$(basename "$report" .ncu-rep)" || echo "reproduce.sh: cannot read $report" >&2
       done ;;
+    ncu-flashmla)
+      flashmla
+      rm -rf /tmp/ncu-vs-flashmla
+      "${DSACTL[@]}" profile --ncu roofline --suite scale --solution dsactl-attention-fp8kv -b flashmla \
+        -w scale-attention-h64-t128-fp8 -w scale-attention-h128-t128-fp8 \
+        -w scale-attention-h64-t256-fp8 -w scale-attention-h128-t256-fp8 -o /tmp/ncu-vs-flashmla &&
+        "${DSACTL[@]}" profile $(printf -- '--import %s ' /tmp/ncu-vs-flashmla/*.ncu-rep) \
+          -o "$DIR/ncu/attention-vs-flashmla" ;;
     readme) python3 -m dsactl.results --write README.md ;;
     *) echo "reproduce.sh: unknown area $area" >&2; exit 2 ;;
   esac || echo "reproduce.sh: area $area failed" >&2

@@ -206,6 +206,63 @@ def test_plan_pairs_solutions_with_the_workloads_they_serve():
         collect.plan(collect.Selection(solution="torch-indexer", workloads=("contest-attention-000",)))
 
 
+def test_plan_adds_each_baseline_on_the_workloads_it_serves():
+    selection = collect.Selection(workloads=("contest-indexer-000", "contest-attention-000"), solution="dsactl-indexer",
+                                  baselines=("torch-indexer", "flashmla"))
+    targets = collect.plan(selection)
+    assert [(t.name, t.solution is None, [w.uuid for w in t.workloads]) for t in targets] == [
+        ("dsactl-indexer", False, ["contest-indexer-000"]),
+        ("torch-indexer", True, ["contest-indexer-000"]),
+        ("flashmla", True, ["contest-attention-000"]),
+    ]
+    # A worker gets one contender: its solution, or one baseline and no solution.
+    assert [collect.worker_selection(selection, t) for t in targets][1:] == [
+        collect.Selection(workloads=selection.workloads, baselines=("torch-indexer",)),
+        collect.Selection(workloads=selection.workloads, baselines=("flashmla",)),
+    ]
+    (only,) = collect.plan(collect.Selection(workloads=("contest-attention-000",), baselines=("flashmla",)),
+                           solutions_too=False)
+    assert only.name == "flashmla"
+
+
+@pytest.mark.parametrize("names,message", [
+    (("nope",), "unknown baseline 'nope'"),
+    (("reference",), "not a kernel to profile"),
+])
+def test_plan_refuses_unknown_baselines_and_the_reference(names, message):
+    with pytest.raises(DsactlError, match=message):
+        collect.plan(collect.Selection(workloads=("contest-indexer-000",), baselines=names))
+
+
+def test_plan_says_when_neither_the_solution_nor_a_baseline_serves_the_workloads():
+    with pytest.raises(DsactlError, match="none of solution 'torch-indexer', baseline 'flashmla' serves any of the 1"):
+        collect.plan(collect.Selection(workloads=("edge-topk-mtp",), solution="torch-indexer", baselines=("flashmla",)))
+
+
+def test_worker_arguments_round_trip_with_a_baseline():
+    selection = collect.Selection("scale", None, "dsa_sparse_attention_h64*", ("scale-attention-h64-t128-fp8",),
+                                  None, ("flashmla",))
+    assert worker.parse_args(collect.worker_command(selection, 5)[3:]) == (selection, 5)
+    with pytest.raises(SystemExit):  # a worker profiles a solution or baselines, never both
+        worker.parse_args(["--solution", "a", "--baseline", "b"])
+
+
+@pytest.mark.parametrize("as_baseline", [False, True])
+def test_worker_binds_the_call_it_profiles(as_baseline):
+    """The worker's warmed-up call: a baseline solution bound as bench binds it, or run as a solution; both
+    write the indexer's top-k."""
+    if as_baseline:
+        (target,) = collect.plan(collect.Selection(workloads=("contest-indexer-070",), baselines=("torch-indexer",)),
+                                 solutions_too=False)
+    else:
+        (target,) = collect.plan(collect.Selection(workloads=("contest-indexer-070",), solution="torch-indexer"))
+    fn = worker.bound_call(target, target.workloads[0], seed=3, device="cpu")
+    out = fn.args[-1]  # the call's preallocated top-k ids, poisoned before this call when run as a solution
+    out.fill_(-7)
+    fn()
+    assert ((out >= -1).all() and (out >= 0).any()).item()
+
+
 FAKE_NCU = """#!{python}
 import shutil, sys
 args = sys.argv[1:]
@@ -233,6 +290,32 @@ def test_collect_runs_ncu_per_solution_and_reads_its_report(tmp_path, monkeypatc
     assert a.device == "NVIDIA H200" and len(a.kernels) == 2
 
 
+def test_collect_profiles_a_baseline_in_its_own_worker_and_skips_one_that_cannot_run(tmp_path, monkeypatch):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    ncu = bin_dir / "ncu"
+    ncu.write_text(FAKE_NCU.format(python=sys.executable, fixture=str(FIXTURE)))
+    ncu.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(shutil.which('sh')).parent}")
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a plug-in then cannot run: skipped, not lost
+    selection = collect.Selection(workloads=("contest-indexer-000", "contest-attention-000"), solution="torch-indexer",
+                                  baselines=("torch-topk", "flashmla"))
+    solution, unserved, plugin = collect.collect(selection, tmp_path / "out")
+    assert solution.solution == "torch-indexer" and solution.report.is_file()
+    assert "--solution torch-indexer" in solution.log.read_text().splitlines()[0]
+    # Named baselines are reported, never dropped: one serves neither workload, one cannot run without a GPU.
+    assert (unserved.solution, unserved.report, unserved.skipped) == (
+        "torch-topk", None, (("torch-topk", "serves none of the selected workloads"),))
+    assert (plugin.solution, plugin.report, plugin.skipped) == ("flashmla", None, (("flashmla", "needs a CUDA GPU"),))
+    # A baseline that runs gets its own worker and report.
+    (baseline,) = collect.collect(collect.Selection(workloads=("contest-indexer-000",), solution="torch-topk",
+                                                    baselines=("torch-indexer",)), tmp_path / "out2")
+    assert baseline.solution == "torch-indexer" and baseline.report == tmp_path / "out2" / "torch-indexer.ncu-rep"
+    worker_args = baseline.log.read_text().splitlines()[0].split(" -m dsactl.profile.worker ")[1].split()
+    assert worker.parse_args(worker_args)[0] == collect.Selection(workloads=("contest-indexer-000",),
+                                                                  baselines=("torch-indexer",))
+
+
 @pytest.mark.gpu
 def test_profile_a_shipped_kernel_on_this_gpu(tmp_path):
     if shutil.which("ncu") is None:
@@ -244,6 +327,18 @@ def test_profile_a_shipped_kernel_on_this_gpu(tmp_path):
     k = pd.read_csv(tmp_path / "kernels.csv")
     assert set(k["solution"]) == {"dsactl-indexer"} and set(k["class"]) == {"scored"}
     assert k["tensor_flop"].max() > 0  # the FP8 scoring kernel runs on the tensor cores
+
+
+@pytest.mark.gpu
+def test_profile_puts_a_baseline_beside_our_kernel_in_one_table(tmp_path):
+    if shutil.which("ncu") is None:
+        pytest.skip("needs Nsight Compute (ncu)")
+    r = subprocess.run([sys.executable, "-m", "dsactl", "profile", "--ncu", "roofline", "--solution", "dsactl-indexer",
+                        "-b", "torch-indexer", "--workload", "contest-indexer-100", "-o", str(tmp_path)],
+                       capture_output=True, text=True, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    k = pd.read_csv(tmp_path / "kernels.csv")
+    assert set(k["solution"]) == {"dsactl-indexer", "torch-indexer"} and set(k["workload"]) == {"contest-indexer-100"}
 
 
 def test_reading_after_collection_runs_in_a_child_and_survives_its_crash(tmp_path, monkeypatch):

@@ -161,6 +161,18 @@ PLUGINS = (
 )
 
 
+def serves(name: str, d: Definition) -> bool:
+    """Whether the named baseline (a baseline solution or a plug-in, not the reference) serves definition d;
+    needs no GPU and imports no plug-in."""
+    for s in solutions.SOLUTIONS:
+        if s.baseline and s.name == name:
+            return s.serves(d.name)
+    for p in PLUGINS:
+        if p.name == name:
+            return p.serves(d)
+    raise DsactlError(f"unknown baseline {name!r}; choose from {', '.join(known_names()[1:])}")
+
+
 def known_names() -> list[str]:
     return [REFERENCE] + [s.name for s in solutions.SOLUTIONS if s.baseline] + [p.name for p in PLUGINS]
 

@@ -33,13 +33,16 @@ def register(app: typer.Typer) -> None:
                                                                   "or ncu needed); repeatable."),
         definition: str = typer.Option(None, "--definition", help="Only definitions matching this pattern."),
         solution: str = typer.Option(None, "--solution", help="Only this solution (default: every shipped one)."),
+        baseline: list[str] = typer.Option(None, "--baseline", "-b", help="Also profile this baseline kernel on the "
+                                           "same workloads, as bench runs it (e.g. flashmla); repeatable."),
         suite: str = typer.Option(None, "--suite", help="Workload suite: contest (default), scale, edge, all."),
         dataset: str = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder instead of a suite."),
         workload: list[str] = typer.Option(None, "--workload", "-w", help="Only this workload id; repeatable."),
         seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs."),
         out: Path = typer.Option(None, "-o", "--out", help="Output folder (default profiles/<gpu>/ncu-<what>)."),
     ) -> None:
-        """Profile solutions under Nsight Compute (or read reports) into roofline and utilisation tables and plots."""
+        """Profile solutions, and baselines beside them, under Nsight Compute (or read reports) into roofline and
+        utilisation tables and plots."""
         from dsactl.errors import DsactlError
         from dsactl.profile import analyze, analyze_in_child
 
@@ -54,11 +57,12 @@ def register(app: typer.Typer) -> None:
                 out = _default_out(report.device_name(reports[0]), reports[0].name.removesuffix(".ncu-rep"))
             _show(analyze(list(reports), out, command))
         else:
-            paths, out = _collect(ncu, definition, solution, suite, dataset, tuple(workload or ()), seed, out)
+            paths, out = _collect(ncu, definition, solution, tuple(baseline or ()), suite, dataset,
+                                  tuple(workload or ()), seed, out)
             _show(analyze_in_child(paths, out, command))
 
 
-def _collect(ncu_set, definition, solution, suite, dataset, workloads, seed, out):
+def _collect(ncu_set, definition, solution, baselines, suite, dataset, workloads, seed, out):
     import torch
 
     from dsactl.errors import DsactlError
@@ -66,20 +70,21 @@ def _collect(ncu_set, definition, solution, suite, dataset, workloads, seed, out
 
     if ncu_set not in collect.SETS:
         raise DsactlError(f"unknown section set {ncu_set!r} for --ncu; dsactl collects: {', '.join(collect.SETS)}")
+    collect.check_baselines(baselines)
     collect.find_ncu()
     if not torch.cuda.is_available():
         raise DsactlError("collecting a profile needs a CUDA GPU; `dsactl profile --import` reads reports anywhere")
     if out is None:
         what = Path(dataset).name if dataset else (suite or "contest")
         out = _default_out(torch.cuda.get_device_name(), what)
-    selection = collect.Selection(suite, dataset, definition, workloads, solution)
+    selection = collect.Selection(suite, dataset, definition, workloads, solution, baselines)
     results = collect.collect(selection, out, ncu_set, seed, progress=lambda m: console.print(f"[dim]{m}[/dim]"))
     for r in results:
         for what, why in r.skipped:
             console.print(f"[yellow]skipped {what}: {why}[/yellow]")
     paths = [r.report for r in results if r.report is not None]
     if not paths:
-        raise DsactlError("no selected solution can run here (see the skipped lines above)")
+        raise DsactlError("no selected solution or baseline can run here (see the skipped lines above)")
     return paths, out
 
 

@@ -1,12 +1,12 @@
 """Collect Nsight Compute reports of solutions on their workloads.
 
-Each solution runs in its own child process (`python -m dsactl.profile.worker`)
-under ncu, which writes one `<solution>.ncu-rep`. The worker prepares inputs
-and warms up outside any NVTX range, then wraps each profiled solution call in
-a push/pop range named NVTX_RANGE with a nested range naming the solution,
-workload and class; ncu's `--nvtx-include "dsactl/"` filter makes it profile
-only kernels launched inside it, so input generation, poisoning, compilation
-and autotuning never show up in a report.
+Each solution, and each baseline asked for (bench's baselines: FlashMLA, FlashInfer, the baseline
+solutions), runs in its own child process (`python -m dsactl.profile.worker`) under ncu, which writes
+one `<name>.ncu-rep`. The worker prepares inputs and warms up outside any NVTX range, then wraps each
+profiled call in a push/pop range named NVTX_RANGE with a nested range naming the contender, workload
+and class; ncu's `--nvtx-include "dsactl/"` filter makes it profile only kernels launched inside it,
+so input generation, poisoning, layout conversions, compilation and autotuning never show up in a
+report, and ours and a baseline's kernels on the same workloads land in one table.
 """
 
 from __future__ import annotations
@@ -70,41 +70,67 @@ def parse_range_name(name: str) -> dict[str, str] | None:
 
 @dataclass(frozen=True)
 class Selection:
-    """What to profile: the workloads of a suite or dataset, filtered, and the solutions serving them."""
+    """What to profile: the workloads of a suite or dataset, filtered; the solution (default: every shipped one
+    serving them) and the baselines (bench's names) to profile on them. A worker's selection names one
+    contender: a solution, or a single baseline."""
 
     suite: str | None = None
     dataset: str | None = None
     definition: str | None = None
     workloads: tuple[str, ...] = ()  # workload ids; empty = all
     solution: str | None = None
+    baselines: tuple[str, ...] = ()
 
     def argv(self) -> list[str]:
         out = [a for k in ("suite", "dataset", "definition", "solution") if getattr(self, k) is not None
                for a in (f"--{k}", getattr(self, k))]
+        out += [a for b in self.baselines for a in ("--baseline", b)]
         return out + [a for w in self.workloads for a in ("--workload", w)]
 
 
 @dataclass(frozen=True)
 class Target:
-    solution: Solution
+    name: str
+    solution: Solution | None  # None: a baseline (bench.baselines), profiled through its bound call
     workloads: tuple[Workload, ...]
 
 
-def plan(selection: Selection) -> list[Target]:
-    """(solution, its workloads) pairs: the named solution, else every shipped one serving a workload."""
-    from dsactl import solutions, workloads
+def check_baselines(names: tuple[str, ...]) -> None:
+    from dsactl.bench import baselines
 
+    baselines.check_names(list(names))
+    if baselines.REFERENCE in names:
+        raise DsactlError("the reference is a float32 PyTorch loop, not a kernel to profile: name a baseline "
+                          "kernel (" + ", ".join(baselines.known_names()[1:]) + ")")
+
+
+def plan(selection: Selection, solutions_too: bool = True) -> list[Target]:
+    """(contender, its workloads) pairs: the named solution, else every shipped one serving a workload
+    (unless solutions_too is False), then each named baseline."""
+    from dsactl import solutions, workloads
+    from dsactl.bench import baselines
+    from dsactl.definitions import get
+
+    check_baselines(selection.baselines)
     ws = workloads.select(selection.suite, selection.dataset, selection.definition, selection.workloads)
     if selection.solution:
         chosen = [solutions.get(selection.solution)]
     else:
-        chosen = [s for s in solutions.SOLUTIONS if not s.baseline]
-    targets = [Target(s, tuple(w for w in ws if s.serves(w.definition))) for s in chosen]
+        chosen = [s for s in solutions.SOLUTIONS if not s.baseline] if solutions_too else []
+    targets = [Target(s.name, s, tuple(w for w in ws if s.serves(w.definition))) for s in chosen]
     targets = [t for t in targets if t.workloads]
-    if not targets:
+    # A named baseline stays even where it serves none of the workloads: collect reports it skipped.
+    targets += [Target(b, None, tuple(w for w in ws if baselines.serves(b, get(w.definition))))
+                for b in selection.baselines]
+    if not any(t.workloads for t in targets):
         defs = ", ".join(sorted({w.definition for w in ws})[:4])
-        who = f"solution {selection.solution!r} serves" if selection.solution else "no shipped solution serves"
-        raise DsactlError(f"{who} none of the {len(ws)} selected workloads (definitions: {defs}, ...)")
+        named = [f"solution {selection.solution!r}"] if selection.solution else []
+        named += [f"baseline {b!r}" for b in selection.baselines]
+        if len(named) > 1:
+            who = f"none of {', '.join(named)} serves any of"
+        else:
+            who = f"{named[0] if named else 'no shipped solution'} serves none of"
+        raise DsactlError(f"{who} the {len(ws)} selected workloads (definitions: {defs}, ...)")
     return targets
 
 
@@ -152,23 +178,41 @@ class Collected:
     skipped: tuple[tuple[str, str], ...]  # (workload or solution, why)
 
 
+def _availability(t: Target) -> tuple[bool, str]:
+    """Whether t can run here: the solution's own check, or whether the baseline resolves on this machine
+    (a plug-in that does not import is skipped with the reason)."""
+    if t.solution is not None:
+        return t.solution.availability()
+    from dsactl.bench import baselines
+    from dsactl.definitions import get
+
+    found, skipped = baselines.resolve(get(t.workloads[0].definition), [t.name], include_reference=False)
+    return (True, "") if found else (False, skipped[0].reason if skipped else "does not run here")
+
+
+def worker_selection(selection: Selection, t: Target) -> Selection:
+    """The worker's selection for one target: its solution, or its one baseline."""
+    if t.solution is not None:
+        return Selection(**{**vars(selection), "solution": t.name, "baselines": ()})
+    return Selection(**{**vars(selection), "solution": None, "baselines": (t.name,)})
+
+
 def collect(selection: Selection, out_dir: Path, ncu_set: str = "roofline", seed: int = 0,
             progress=lambda msg: None) -> list[Collected]:
-    """Profile every planned solution in its own ncu child process; one report per solution."""
+    """Profile every planned solution and baseline in its own ncu child process; one report each."""
     ncu = find_ncu()
     targets = plan(selection)
     out_dir.mkdir(parents=True, exist_ok=True)
     results = []
     for t in targets:
-        name = t.solution.name
-        ok, why = t.solution.availability()
+        name = t.name
+        ok, why = _availability(t) if t.workloads else (False, "serves none of the selected workloads")
         if not ok:
             results.append(Collected(name, None, None, len(t.workloads), ((name, why),)))
             continue
         report, log = out_dir / f"{name}.ncu-rep", out_dir / f"{name}.ncu.log"
         progress(f"profiling {name} on {len(t.workloads)} workloads (ncu log: {log})")
-        cmd = ncu_command(ncu, report, worker_command(Selection(**{**vars(selection), "solution": name}), seed),
-                          ncu_set)
+        cmd = ncu_command(ncu, report, worker_command(worker_selection(selection, t), seed), ncu_set)
         with open(log, "w") as f:
             f.write(" ".join(cmd) + "\n")
             f.flush()
