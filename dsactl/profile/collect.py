@@ -96,12 +96,16 @@ class Target:
 
 
 def check_baselines(names: tuple[str, ...]) -> None:
+    """The baselines profile takes: bench's, less the reference (a float32 PyTorch loop, not a kernel)."""
     from dsactl.bench import baselines
 
-    baselines.check_names(list(names))
+    kernels = [n for n in baselines.known_names() if n != baselines.REFERENCE]
     if baselines.REFERENCE in names:
-        raise DsactlError("the reference is a float32 PyTorch loop, not a kernel to profile: name a baseline "
-                          "kernel (" + ", ".join(baselines.known_names()[1:]) + ")")
+        raise DsactlError(f"the reference is a float32 PyTorch loop, not a kernel to profile: name a baseline "
+                          f"kernel ({', '.join(kernels)})")
+    unknown = [n for n in names if n not in kernels]
+    if unknown:
+        raise DsactlError(f"unknown baseline {', '.join(map(repr, unknown))}; choose from {', '.join(kernels)}")
 
 
 def plan(selection: Selection, solutions_too: bool = True) -> list[Target]:
