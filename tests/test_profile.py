@@ -273,13 +273,18 @@ print("==PROF== Report:", args[args.index("--export") + 1])
 """
 
 
-def test_collect_runs_ncu_per_solution_and_reads_its_report(tmp_path, monkeypatch):
+@pytest.fixture
+def fake_ncu(tmp_path, monkeypatch):
+    """An `ncu` first on PATH that exports FIXTURE as its report, whatever it is asked to run."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     ncu = bin_dir / "ncu"
     ncu.write_text(FAKE_NCU.format(python=sys.executable, fixture=str(FIXTURE)))
     ncu.chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{Path(shutil.which('sh')).parent}")
+
+
+def test_collect_runs_ncu_per_solution_and_reads_its_report(tmp_path, fake_ncu):
     selection = collect.Selection(solution="torch-indexer", workloads=("contest-indexer-000", "contest-indexer-001"))
     (c,) = collect.collect(selection, tmp_path / "out")
     assert c.solution == "torch-indexer" and c.workloads == 2
@@ -290,13 +295,8 @@ def test_collect_runs_ncu_per_solution_and_reads_its_report(tmp_path, monkeypatc
     assert a.device == "NVIDIA H200" and len(a.kernels) == 2
 
 
-def test_collect_profiles_a_baseline_in_its_own_worker_and_skips_one_that_cannot_run(tmp_path, monkeypatch):
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    ncu = bin_dir / "ncu"
-    ncu.write_text(FAKE_NCU.format(python=sys.executable, fixture=str(FIXTURE)))
-    ncu.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}:{Path(shutil.which('sh')).parent}")
+def test_collect_profiles_a_baseline_in_its_own_worker_and_skips_one_that_cannot_run(tmp_path, fake_ncu,
+                                                                                    monkeypatch):
     monkeypatch.setattr("torch.cuda.is_available", lambda: False)  # a plug-in then cannot run: skipped, not lost
     selection = collect.Selection(workloads=("contest-indexer-000", "contest-attention-000"), solution="torch-indexer",
                                   baselines=("torch-topk", "flashmla"))
