@@ -92,6 +92,7 @@ def _bench_pipeline(heads, batch, context, warmup: int, iters: int, method: str,
 def register(app: typer.Typer) -> None:
     @app.command()
     def bench(
+        ctx: typer.Context,
         definition: Optional[str] = typer.Option(None, "--definition", "-d", help="Definition name or glob."),
         solution: Optional[List[str]] = typer.Option(None, "--solution", "-s",
                                                      help="Only these registered solutions (repeatable)."),
@@ -136,7 +137,6 @@ def register(app: typer.Typer) -> None:
             raise DsactlError("--heads, --batch and --context choose pipeline shapes: they need --pipeline")
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        from dsactl import executor as executors
         from dsactl import workloads as wl
         from dsactl.bench import compare, merge, plot, report, runner
 
@@ -144,7 +144,7 @@ def register(app: typer.Typer) -> None:
                                    include_reference=not no_reference, baselines=baseline or None,
                                    solutions=solution or None)
         runner.check_settings(settings)
-        run_on = executors.choose(gpus, ray)
+        run_on = workers.executor(ctx, gpus, ray)
         for path in (csv_path, json_path):
             if path:
                 report.check_writable(path)
@@ -178,25 +178,23 @@ def register(app: typer.Typer) -> None:
 
         columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
         where = None
-        try:
-            if not run_on.local:
-                where = run_on.describe()
-                console.print(f"on {where}")
-            with Progress(*columns, console=err_console, transient=True) as bar:
-                task = bar.add_task("bench", total=len(selected))
-                finished = [0]
+        if not run_on.local:
+            where = run_on.describe()
+            console.print(f"on {where}")
+        with Progress(*columns, console=err_console, transient=True) as bar:
+            task = bar.add_task("bench", total=len(selected))
+            finished = [0]
 
-                def keep(partial) -> None:  # rewrite the files as each workload finishes: a cut-off run keeps its rows
-                    finished[0] += 1
-                    bar.update(task, completed=finished[0])
-                    partial.meta["complete"] = f"{len({r.workload for r in partial.results})} of {len(selected)} workloads"
-                    merge.write(partial, stem, csv_path, json_path, defaults)
+            def keep(partial) -> None:  # rewrite the files as each workload finishes: a cut-off run keeps its rows
+                finished[0] += 1
+                bar.update(task, completed=finished[0])
+                partial.meta["complete"] = f"{len({r.workload for r in partial.results})} of {len(selected)} workloads"
+                merge.write(partial, stem, csv_path, json_path, defaults)
 
-                run = runner.bench(selected, settings, _command_line(), progress=lambda text: bar.update(
-                                       task, description=text), on_ready=ready, on_workload=keep, executor=run_on)
-                run.meta.pop("complete", None)
-        finally:
-            run_on.close()
+            run = runner.bench(selected, settings, _command_line(), progress=lambda text: bar.update(
+                                   task, description=text), on_ready=ready, on_workload=keep, executor=run_on)
+            run.meta.pop("complete", None)
+        run_on.close()
         if where:
             run.meta["workers"] = where
 

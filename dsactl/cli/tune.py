@@ -41,6 +41,7 @@ def _render(plan, results) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("tune")
     def tune(
+        ctx: typer.Context,
         definition: Optional[str] = typer.Option(None, "--definition", "-d", help="Definition name or glob."),
         suite: str = typer.Option("contest", "--suite", help="Embedded suite: contest, scale, edge or all."),
         warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed calls before each trial."),
@@ -62,7 +63,6 @@ def register(app: typer.Typer) -> None:
 
         sweep.require_gpu()
         output_dir(out, "--out")
-        from dsactl import executor as executors
         from dsactl import workloads as wl
         from dsactl.bench import timing
         from dsactl.tune.search import Settings
@@ -70,14 +70,12 @@ def register(app: typer.Typer) -> None:
         timing.check_method(method)
         chosen = wl.select(suite, None, definition)
         command = shlex.join(["dsactl", *sys.argv[1:]])
-        run_on = executors.choose(gpus, ray)
+        run_on = workers.executor(ctx, gpus, ray)
         settings = Settings(warmup, iters, trials, verify_trials, method)
-        try:
-            with console.status("tune") as status:
-                plan, results = sweep.tune(chosen, settings, command, run_on,
-                                           on_start=lambda job: status.update(f"tune {job.family} {job.bucket}"))
-        finally:
-            run_on.close()
+        with console.status("tune") as status:
+            plan, results = sweep.tune(chosen, settings, command, run_on,
+                                       on_start=lambda job: status.update(f"tune {job.family} {job.bucket}"))
+        run_on.close()
         _render(plan, results)
         new = sweep.entries(results, command)
         count = sum(len(v) for v in new.values())

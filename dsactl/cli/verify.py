@@ -139,6 +139,7 @@ def _render_sanitize(reports) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("verify")
     def verify(
+        ctx: typer.Context,
         definition: Optional[str] = typer.Option(None, "--definition", "-d",
                                                  help="Definition name or pattern (fnmatch), e.g. 'dsa_topk_*'."),
         solution: Optional[List[str]] = typer.Option(None, "--solution", "-s",
@@ -177,9 +178,7 @@ def register(app: typer.Typer) -> None:
         3: nothing could run here."""
         output_file(json_path, "--json")
         output_dir(save_failures, "--save-failures")
-        from dsactl import executor as executors
-
-        run_on = executors.choose(gpus, ray)
+        run_on = workers.executor(ctx, gpus, ray)
         import torch
 
         gpu = torch.cuda.is_available()
@@ -230,18 +229,16 @@ def register(app: typer.Typer) -> None:
 
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        try:
-            if not run_on.local:
-                console.print(f"on {run_on.describe()}")
-            with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                          console=console, transient=True) as progress:
-                task = progress.add_task("verify", total=len(chosen))
-                report = runner.verify(cands, chosen, trials, tol, device, save_dir=save_failures,
-                                       on_start=lambda w, index, total: progress.update(task, description=w.uuid),
-                                       on_workload=lambda w, results: progress.advance(task),
-                                       left_out=left_out, executor=run_on)
-        finally:
-            run_on.close()
+        if not run_on.local:
+            console.print(f"on {run_on.describe()}")
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=console, transient=True) as progress:
+            task = progress.add_task("verify", total=len(chosen))
+            report = runner.verify(cands, chosen, trials, tol, device, save_dir=save_failures,
+                                   on_start=lambda w, index, total: progress.update(task, description=w.uuid),
+                                   on_workload=lambda w, results: progress.advance(task),
+                                   left_out=left_out, executor=run_on)
+        run_on.close()  # before the sanitizer's child runs: the workers would hold their GPUs
         _render(report)
         if not run_on.local:
             console.print(workers.placements_line(report.results), soft_wrap=True)

@@ -1,9 +1,10 @@
-"""The --gpus / --ray options verify and bench share, and the line that says which GPUs ran the rows."""
+"""The --gpus / --ray options verify, bench and tune share, their executor, and the line that says which GPUs
+ran the rows."""
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Iterable, Optional
+from typing import Any, Iterable, Optional
 
 import typer
 
@@ -19,6 +20,16 @@ def gpus_option() -> Optional[str]:
 
 def ray_option() -> Optional[str]:
     return typer.Option(None, "--ray", help=RAY_HELP)
+
+
+def executor(ctx: typer.Context, gpus: Optional[str], ray: Optional[str]) -> Any:
+    """The executor the options ask for. Its workers start now, to warm up while the command prepares; it is
+    closed when the command ends, however it ends (the command may close it sooner: closing twice is fine)."""
+    from dsactl import executor as executors
+
+    run_on = executors.choose(gpus, ray)
+    ctx.call_on_close(run_on.close)
+    return run_on
 
 
 def placements_line(rows: Iterable) -> str:
