@@ -97,7 +97,7 @@ class _RayWorkers:
 
 class RayExecutor:
     """address: "auto" (the running cluster), "local" (start one on this machine), an address
-    (ray://host:10001, host:6379), or None (the Ray session this process already holds). Ray is
+    (ray://host:10001, host:6379), or None (the cluster this process already joined with ray.init). Ray is
     imported now, so a missing install fails before any work; the cluster is joined on first use."""
 
     local = False
@@ -115,7 +115,7 @@ class RayExecutor:
         ray = self.ray
         if not ray.is_initialized():
             if self.address is None:
-                raise DsactlError("no Ray session in this process to run on")
+                raise DsactlError("this process has joined no Ray cluster to run on (ray.init)")
             try:
                 ray.init(address=None if self.address == "local" else self.address, include_dashboard=False,
                          log_to_driver=False, logging_level="error")
