@@ -29,7 +29,7 @@ from typing import Callable, Iterator, Mapping
 
 from dsactl.errors import DsactlError
 from dsactl.kernels import cuda_library
-from dsactl.kernels.tuned import TABLE_FOLDER, TABLE_SUFFIX
+from dsactl.kernels.tuned import table_path
 
 # The kernels' folder at the repository root, and in a bundle; dsactl imports it as dsactl.kernels.
 KERNELS = "kernels"
@@ -192,9 +192,8 @@ def _names_own_file(call: ast.Call) -> bool:
 
 
 def table_of(module_path: str) -> str:
-    """The tuned table of the module at module_path (a bundle path), as kernels/tuned.py's table_path."""
-    module = PurePosixPath(module_path)
-    return str(module.parent / TABLE_FOLDER / (module.stem + TABLE_SUFFIX))
+    """The tuned table of the module at module_path (a bundle path): kernels/tuned.py's table_path."""
+    return table_path(module_path).as_posix()
 
 
 def checkout_tables(closure: Closure) -> dict[str, str]:

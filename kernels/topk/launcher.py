@@ -5,8 +5,9 @@ out[r, :] = the physical ids block_table[b, i // 64] * 64 + i % 64 of the top
 min(topk, lengths[r]) positions i of scores[r, :lengths[r]] (b = row_to_batch[r], or r when
 row_to_batch is None), -1 padded, in no particular order. Exact for every input: ties at the
 threshold fill the remaining slots, NaN ranks below -inf (the definition's rule), -0.0 equals
-+0.0. Rows of max_len <= 8192 get the same ids in the same order on every call, ties included. topk <= 2048 (the algorithm has no other limit on k; 2048 is the contract's maximum and
-what is tested). Lengths are clamped to [0, min(max_len, max_num_pages * 64)].
++0.0. Rows of max_len <= 8192 get the same ids in the same order on every call, ties included.
+topk <= 2048 (the algorithm has no other limit on k; 2048 is the contract's maximum and what is
+tested). Lengths are clamped to [0, min(max_len, max_num_pages * 64)].
 
 Bad values never become ids outside the cache: a chosen position whose block-table entry is
 outside [0, num_pages) is written as -1, and a row whose row_to_batch value is outside
