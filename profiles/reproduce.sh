@@ -16,12 +16,12 @@
 #   topk       topk.csv/.json + PNGs: top-k with page translation, rows 1-128 x lengths 2K-128K
 #   pipeline   pipeline.csv/.json + pipeline/stages.png: the whole decode step (DecodeStep), batch 1-128 x
 #              context 4K-128K x 16/128 heads x next_n 1-2, CUDA-graph replay against its kernels and PyTorch
-#   ncu        Nsight Compute reports of one workload per kernel family, kept as the CPU tests' fixtures
+#   ncu        Nsight Compute reports (section set warps) of one workload per kernel family, kept as the CPU tests' fixtures
 #              (tests/fixtures/ncu/<family>.ncu-rep), then ncu-tables
 #   ncu-tables ncu/<family>/: the reports' tables, roofline and utilisation charts (dsactl profile --import;
 #              needs no GPU, so it also runs where the GPU machine's ncu-report cannot read them)
-#   ncu-flashmla  ncu/attention-vs-flashmla/: Nsight Compute on our FP8 decode and FlashMLA's on the same
-#              64/128-head workloads (T=128, 256), in one run
+#   ncu-flashmla  ncu/attention-vs-flashmla/: Nsight Compute (warps: stall reasons too) on our FP8 decode and
+#              FlashMLA's on the same 64/128-head workloads (T=128, 256), in one run
 #   readme     README.md's result tables rewritten from the CSVs above (python3 -m dsactl.results)
 #
 # FlashMLA (the `-b flashmla` baseline) is built from source when .baselines/FlashMLA holds its repository
@@ -85,7 +85,7 @@ for area in "${AREAS[@]}"; do
       for pick in indexer:dsactl-indexer:contest-indexer-100 topk:dsactl-topk:scale-topk-r8-len32768-fp32 \
                   attention:dsactl-attention:contest-attention-004; do
         IFS=: read -r family solution workload <<<"$pick"
-        "${DSACTL[@]}" profile --ncu roofline --suite all --solution "$solution" -w "$workload" -o "/tmp/ncu-$family"
+        "${DSACTL[@]}" profile --ncu warps --suite all --solution "$solution" -w "$workload" -o "/tmp/ncu-$family"
         mv "/tmp/ncu-$family/$solution.ncu-rep" "tests/fixtures/ncu/$family.ncu-rep" || echo "reproduce.sh: no $family report" >&2
       done
       "$0" ncu-tables ;;
@@ -96,9 +96,12 @@ for area in "${AREAS[@]}"; do
     ncu-flashmla)
       flashmla
       rm -rf /tmp/ncu-vs-flashmla
-      "${DSACTL[@]}" profile --ncu roofline --suite scale --solution dsactl-attention-fp8kv -b flashmla \
+      # Reading the reports can crash where only ncu's own ncu_report is at hand; they stay in
+      # /tmp/ncu-vs-flashmla, and the import line below runs anywhere `pip install ncu-report` works.
+      "${DSACTL[@]}" profile --ncu warps --suite scale --solution dsactl-attention-fp8kv -b flashmla \
         -w scale-attention-h64-t128-fp8 -w scale-attention-h128-t128-fp8 \
-        -w scale-attention-h64-t256-fp8 -w scale-attention-h128-t256-fp8 -o /tmp/ncu-vs-flashmla &&
+        -w scale-attention-h64-t256-fp8 -w scale-attention-h128-t256-fp8 -o /tmp/ncu-vs-flashmla
+      ls /tmp/ncu-vs-flashmla/*.ncu-rep >/dev/null &&
         "${DSACTL[@]}" profile $(printf -- '--import %s ' /tmp/ncu-vs-flashmla/*.ncu-rep) \
           -o "$DIR/ncu/attention-vs-flashmla" ;;
     readme) python3 -m dsactl.results --write README.md ;;

@@ -9,6 +9,7 @@ mm-fp8-4096 is torch._scaled_mm on the same shapes in e4m3. Each does 2 * 4096**
 """
 
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -101,6 +102,67 @@ def test_by_class_weighs_utilisation_by_time_and_rates_by_total_work():
     assert len(c) == 3  # one row per (solution, kernel, class)
 
 
+class _Metric:
+    ValueKind_STRING = 0
+
+    def __init__(self, value):
+        self.value = value
+
+    def has_value(self):
+        return True
+
+    def kind(self):
+        return 1
+
+    def as_double(self):
+        return self.value
+
+    def unit(self):
+        return "inst"
+
+
+class _Action:
+    def __init__(self, metrics):
+        self.metrics = metrics
+
+    def metric_by_name(self, name):
+        return _Metric(self.metrics[name]) if name in self.metrics else None
+
+
+def _stall(reason):
+    return f"smsp__average_warps_issue_stalled_{reason}_per_issue_active.ratio"
+
+
+def test_warp_state_names_the_largest_waits():
+    # As ncu recorded the small-head attention kernel on the H200 (16 heads, 256 tokens).
+    ratios = {"long_scoreboard": 1.69, "wait": 1.09, "barrier": 0.73, "selected": 1.0, "short_scoreboard": 0.46,
+              "not_selected": 0.22, "gmma": 0.0}
+    metrics = {_stall(r): v for r, v in ratios.items()}
+    action = _Action(metrics)
+    found = report.stall_ratios(action, [*metrics, "smsp__inst_executed.sum"])
+    assert found == ratios
+    assert report.top_stalls(found) == "long_scoreboard 1.69, wait 1.09, barrier 0.73"  # "selected" is no wait
+    assert report.top_stalls({}) == ""
+
+
+def test_by_class_weighs_stall_reasons_by_time():
+    rows = [_launch("a", "c", 10.0, 50.0, 1e9, 1e6), _launch("a", "c", 30.0, 50.0, 1e9, 1e6)]
+    for row, (wait, barrier) in zip(rows, ((4.0, 1.0), (0.0, 2.0))):
+        row.update(_stalls={"wait": wait, "barrier": barrier, "selected": 1.0}, cycles_per_issue=wait + barrier + 1,
+                   issue_pct=20.0, instructions=1e6, stalls="", smem_conflicts=0.0)
+    c = report.by_class(pd.DataFrame(rows)).iloc[0]
+    assert c["stalls"] == "barrier 1.75, wait 1.00"  # (1*10 + 2*30)/40, (4*10 + 0*30)/40
+    assert c["cycles_per_issue"] == pytest.approx((6 * 10 + 3 * 30) / 40)
+    assert c["issue_pct"] == 20.0 and c["instructions"] == 1e6
+
+
+def test_a_roofline_report_shows_no_warp_state(launches):
+    assert launches["cycles_per_issue"].isna().all() and (launches["stalls"] == "").all()
+    row = report.formatted(launches[list(report.COLUMNS)])[0]
+    for column in ("issue_pct", "cycles_per_issue", "stalls", "instructions", "smem_conflicts"):
+        assert row[report.COLUMNS.index(column)] == "-"
+
+
 def test_markdown_table_has_a_header_and_one_line_per_row(launches):
     md = report.to_markdown(report.by_class(launches[list(report.COLUMNS)])).splitlines()
     assert md[0].startswith("| solution | kernel | class |") and md[1].startswith("|---|")
@@ -188,6 +250,13 @@ def test_ncu_command_profiles_only_the_nvtx_range():
     assert worker.parse_args(program[3:]) == (selection, 3)
     with pytest.raises(DsactlError, match="unknown ncu section set"):
         collect.ncu_command("ncu", Path("x"), [], "everything")
+    # warps: the roofline sections, then the warp state and every stall reason.
+    warps = collect.ncu_command("ncu", Path("out/s.ncu-rep"), collect.worker_command(selection, 3), "warps")
+    assert warps[:7] == cmd[:7] and warps[warps.index("--clock-control"):] == cmd[cmd.index("--clock-control"):]
+    for section in ("WarpStateStats", "SchedulerStats", "InstructionStats", "MemoryWorkloadAnalysis_Tables"):
+        assert section in warps
+    assert re.fullmatch(warps[warps.index("--metrics") + 1].removeprefix("regex:"),
+                        "smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio")
 
 
 def test_range_names_round_trip():
@@ -320,13 +389,18 @@ def test_collect_profiles_a_baseline_in_its_own_worker_and_skips_one_that_cannot
 def test_profile_a_shipped_kernel_on_this_gpu(tmp_path):
     if shutil.which("ncu") is None:
         pytest.skip("needs Nsight Compute (ncu)")
-    r = subprocess.run([sys.executable, "-m", "dsactl", "profile", "--ncu", "roofline", "--solution", "dsactl-indexer",
+    r = subprocess.run([sys.executable, "-m", "dsactl", "profile", "--ncu", "warps", "--solution", "dsactl-indexer",
                         "--workload", "contest-indexer-100", "-o", str(tmp_path)], capture_output=True, text=True,
                        cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     k = pd.read_csv(tmp_path / "kernels.csv")
     assert set(k["solution"]) == {"dsactl-indexer"} and set(k["class"]) == {"scored"}
     assert k["tensor_flop"].max() > 0  # the FP8 scoring kernel runs on the tensor cores
+    # The warp state: an issued instruction costs at least its own cycle; the waits are named.
+    assert (k["cycles_per_issue"] >= 1).all() and k["issue_pct"].between(0, 100, inclusive="right").all()
+    assert (k["instructions"] > 0).all() and k["smem_conflicts"].notna().all()
+    assert k["stalls"].str.match(r"^[a-z_]+ \d+\.\d\d").all()
+    assert pd.read_csv(tmp_path / "classes.csv")["stalls"].notna().all()
 
 
 @pytest.mark.gpu
@@ -361,7 +435,8 @@ def test_reading_after_collection_runs_in_a_child_and_survives_its_crash(tmp_pat
 
 def test_our_kernels_reports_import_with_full_tables():
     """tests/fixtures/ncu/<family>.ncu-rep: one workload per kernel family profiled on the H200 by
-    profiles/reproduce.sh (area ncu); each imports offline with its SM/L1/L2/DRAM columns."""
+    profiles/reproduce.sh (area ncu, --ncu warps); each imports offline with its SM/L1/L2/DRAM columns and
+    its warp state."""
     families = {"indexer": {"indexer_score_kernel", "topk_row_kernel"}, "topk": {"topk_page_transform_kernel"},
                 "attention": {"_sparse_mla_bf16_kernel", "_sparse_mla_combine_kernel"}}
     for family, kernels in families.items():
@@ -370,6 +445,10 @@ def test_our_kernels_reports_import_with_full_tables():
         for column in ("sm_pct", "l1_pct", "l2_pct", "dram_pct"):
             assert launches[column].notna().all() and (launches[column] >= 0).all(), (family, column)
         assert (launches["duration_us"] > 0).all() and (launches["active_sms"] > 0).all()
+        # Collected with --ncu warps: why each kernel waits, and what it issued.
+        assert (launches["cycles_per_issue"] >= 1).all() and launches["issue_pct"].between(0, 100).all(), family
+        assert (launches["instructions"] > 0).all() and launches["smem_conflicts"].notna().all(), family
+        assert launches["stalls"].str.fullmatch(r"([a-z_]+ \d+\.\d\d)(, [a-z_]+ \d+\.\d\d){2}").all(), family
     attention = report.load([Path(__file__).parent / "fixtures" / "ncu" / "attention.ncu-rep"])
     assert (attention[attention["kernel"] == "_sparse_mla_bf16_kernel"]["tensor_pct"] > 0).all(), \
         "tensor-core work must be counted"

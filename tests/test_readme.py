@@ -47,7 +47,7 @@ GPU_ONLY = (
     "dsactl bench --compare profiles/h200/contest.csv",
     "dsactl bench --pipeline --heads 128 --batch 32",
     "dsactl tune -d 'dsa_sparse_attention_*' --suite scale",
-    "dsactl profile --ncu roofline --definition 'dsa_sparse_attention_h64*' -w scale-attention-h64-t128-fp8 -b flashmla",
+    "dsactl profile --ncu warps --definition 'dsa_sparse_attention_h64*' -w scale-attention-h64-t128-fp8 -b flashmla",
 )
 # Commands that read a file an earlier example writes: run after it.
 NEEDS = {"dsactl pack --check attention.json": "dsactl pack -d dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64 "

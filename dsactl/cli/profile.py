@@ -28,7 +28,8 @@ def _default_out(gpu_name: str, what: str) -> Path:
 def register(app: typer.Typer) -> None:
     @app.command()
     def profile(
-        ncu: str = typer.Option(None, "--ncu", help="Collect this Nsight Compute section set (roofline)."),
+        ncu: str = typer.Option(None, "--ncu", help="Collect this Nsight Compute section set: roofline, or "
+                                 "warps (roofline, plus stall reasons, issue rate, instructions, bank conflicts)."),
         reports: list[Path] = typer.Option(None, "--import", help="Read existing .ncu-rep reports instead (no GPU "
                                                                   "or ncu needed); repeatable."),
         definition: str = typer.Option(None, "--definition", help="Only definitions matching this pattern."),
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
         from dsactl.profile import analyze, analyze_in_child
 
         if (ncu is None) == (not reports):
-            raise DsactlError("give either --ncu roofline (collect) or --import REPORT.ncu-rep (read)")
+            raise DsactlError("give either --ncu roofline|warps (collect) or --import REPORT.ncu-rep (read)")
         output_dir(out, "--out")
         command = shlex.join(["dsactl", *sys.argv[1:]])
         if reports:

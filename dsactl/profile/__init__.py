@@ -26,7 +26,7 @@ def analyze(reports: list[Path], out_dir: Path, command: str, bench_cache: Path 
     device = str(launches["_device"].dropna().iloc[0]) if launches["_device"].notna().any() else "unknown GPU"
     roofs = plot.roofs(launches, device, bench_cache)
     kernels = launches[list(report.COLUMNS)]
-    classes = report.by_class(kernels)
+    classes = report.by_class(launches)
     out_dir.mkdir(parents=True, exist_ok=True)
     files = [out_dir / name for name in OUTPUTS]
     kernels.to_csv(files[0], index=False)

@@ -26,9 +26,17 @@ if TYPE_CHECKING:
     from dsactl.workloads import Workload
 
 NVTX_RANGE = "dsactl"
-SETS = ("roofline",)
+SETS = ("roofline", "warps")
 # --set roofline records neither occupancy nor launch statistics (grid, registers).
-SET_SECTIONS = {"roofline": ("--set", "roofline", "--section", "Occupancy", "--section", "LaunchStats")}
+_ROOFLINE = ("--set", "roofline", "--section", "Occupancy", "--section", "LaunchStats")
+# Why a kernel waits: every stall reason per issued instruction (their sum is the warp cycles an issued
+# instruction costs), the schedulers' issue rate, the instructions executed, shared-memory bank conflicts.
+STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+SET_SECTIONS = {
+    "roofline": _ROOFLINE,
+    "warps": (*_ROOFLINE, "--section", "WarpStateStats", "--section", "SchedulerStats", "--section", "InstructionStats",
+              "--section", "MemoryWorkloadAnalysis_Tables", "--metrics", STALL_METRICS),
+}
 NCU_OPTIONS = (
     "--clock-control", "none",  # profile at the clocks the GPU runs at; never change them
     "--print-units", "base",

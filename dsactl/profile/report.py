@@ -4,8 +4,9 @@ aggregates per (solution, kernel, workload class).
 Reads `.ncu-rep` files with NVIDIA's `ncu_report` module: the `ncu-report`
 wheel (works without ncu or a GPU), else the copy that ships with ncu under
 `extras/python`. Only metrics that `ncu --set roofline --section Occupancy
---section LaunchStats` records are used, so reports made by hand with that
-command read the same as dsactl's. Names as ncu 2025.3 records them on an H200:
+--section LaunchStats` records are used (and, from a `--ncu warps` report, the
+warp-state metrics below), so reports made by hand with that command read the
+same as dsactl's. Names as ncu 2025.3 records them on an H200:
 
   duration      gpu__time_duration.sum
   grid, block   launch__grid_size (CTAs), launch__block_size (threads per CTA)
@@ -22,6 +23,14 @@ command read the same as dsactl's. Names as ncu 2025.3 records them on an H200:
                 sm__maximum_warps_per_active_cycle_pct (theoretical)
   DRAM bytes    dram__bytes.sum.per_second * duration
   FLOPs         tensor-core FLOPs + FP16/FP32/FP64 SASS FLOPs, see FLOP COUNTING
+  warp state    (--ncu warps; '-' in a roofline report)
+    stalls      smsp__average_warps_issue_stalled_<reason>_per_issue_active.ratio: warps waiting for
+                <reason> per issued instruction; the largest three, "selected" (the issue itself) left out
+    cycles/issue  smsp__average_warp_latency_per_inst_issued.ratio: the warp cycles an issued instruction
+                costs (the reasons, "selected" included, add up to about it)
+    issue %     smsp__issue_active.avg.per_cycle_active: the share of cycles a scheduler issues
+    instructions  smsp__inst_executed.sum (warp instructions)
+    smem conflicts  l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum + _op_st.sum
 
 FLOP COUNTING. Rates are per elapsed SM cycle; FLOPs = rate * sm__cycles_elapsed
 .avg.per_second * duration, as ncu's own roofline charts compute them.
@@ -62,10 +71,16 @@ TENSOR_RATE = re.compile(r"^sm__ops_path_tensor_src_(?P<type>[a-z0-9_]+?)(?P<spl
 INTEGER_TYPES = ("int",)
 SM_CYCLES_PER_SECOND = "sm__cycles_elapsed.avg.per_second"
 
+STALL_RATIO = re.compile(r"^smsp__average_warps_issue_stalled_(?P<reason>[a-z0-9_]+)_per_issue_active\.ratio$")
+ISSUE_REASON = "selected"  # the cycle an instruction issues, not a wait
+TOP_STALLS = 3
+SMEM_CONFLICTS = ("l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_ld.sum",
+                  "l1tex__data_bank_conflicts_pipe_lsu_mem_shared_op_st.sum")
+
 COLUMNS = ("solution", "workload", "class", "kernel", "duration_us", "grid", "block", "registers", "smem_kib",
            "sms", "active_sms", "waves", "sm_pct", "l1_pct", "l2_pct", "dram_pct", "tensor_pct", "occupancy_pct",
            "theoretical_occupancy_pct", "tensor_flop", "sass_flop", "flop", "tflops", "dram_bytes", "dram_gbs",
-           "intensity", "report")
+           "intensity", "issue_pct", "cycles_per_issue", "stalls", "instructions", "smem_conflicts", "report")
 
 # column -> metric names, first present wins.
 METRICS = {
@@ -86,6 +101,9 @@ METRICS = {
     "occupancy_pct": ("sm__warps_active.avg.pct_of_peak_sustained_active",),
     "theoretical_occupancy_pct": ("sm__maximum_warps_per_active_cycle_pct",),
     "dram_bytes_per_s": ("dram__bytes.sum.per_second",),
+    "issue_per_cycle": ("smsp__issue_active.avg.per_cycle_active",),
+    "instructions": ("smsp__inst_executed.sum",),
+    "cycles_per_issue": ("smsp__average_warp_latency_per_inst_issued.ratio",),
     "sm_cycles_per_s": (SM_CYCLES_PER_SECOND,),
     "device": ("device__attribute_display_name",),
     # roofs (per cycle, times the clock they run at)
@@ -176,6 +194,18 @@ def tensor_rate_metrics(names) -> list[str]:
                   if not m["type"].startswith(INTEGER_TYPES) and not (m["split"] and m["type"] in whole))
 
 
+def stall_ratios(action, names) -> dict[str, float]:
+    """reason -> warps stalled for it per issued instruction, for every reason the report holds."""
+    found = {m["reason"]: _value(action, (n,)) for n in names if (m := STALL_RATIO.match(n))}
+    return {reason: v for reason, v in found.items() if not math.isnan(v)}
+
+
+def top_stalls(ratios: dict[str, float], count: int = TOP_STALLS) -> str:
+    """The largest waits, 'reason ratio' comma-separated ('' without warp-state metrics)."""
+    waits = sorted(((v, r) for r, v in ratios.items() if r != ISSUE_REASON), reverse=True)[:count]
+    return ", ".join(f"{r} {v:.2f}" for v, r in waits)
+
+
 def _launch(action, report: str) -> dict[str, Any]:
     v = {col: _value(action, names) for col, names in METRICS.items()}
     names = set(action.metric_names())
@@ -189,6 +219,8 @@ def _launch(action, report: str) -> dict[str, Any]:
     flop = tensor_flop + sass_flop
     dram_bytes = v["dram_bytes_per_s"] * duration
     sms = v["sms"]
+    stalls = stall_ratios(action, names)
+    conflicts = [_value(action, (n,)) for n in SMEM_CONFLICTS if n in names]
     return {
         "solution": tag["solution"], "workload": tag["workload"], "class": tag["label"], "kernel": action.name(),
         "duration_us": duration * 1e6, "grid": v["grid"], "block": v["block"], "registers": v["registers"],
@@ -197,7 +229,11 @@ def _launch(action, report: str) -> dict[str, Any]:
                              "theoretical_occupancy_pct")},
         "tensor_flop": tensor_flop, "sass_flop": sass_flop, "flop": flop, "tflops": flop / duration / 1e12,
         "dram_bytes": dram_bytes, "dram_gbs": dram_bytes / duration / 1e9,
-        "intensity": flop / dram_bytes if dram_bytes > 0 else math.nan, "report": report,
+        "intensity": flop / dram_bytes if dram_bytes > 0 else math.nan,
+        "issue_pct": v["issue_per_cycle"] * 100, "cycles_per_issue": v["cycles_per_issue"],
+        "stalls": top_stalls(stalls), "instructions": v["instructions"],
+        "smem_conflicts": sum(conflicts) if conflicts else math.nan, "report": report,
+        "_stalls": stalls,
         # the GPU and its roofs at the clocks this launch ran at, for plot.roofs()
         "_device": v["device"],
         "_dram_peak_bps": v["dram_peak_per_cycle"] * v["dram_cycles_per_s"],
@@ -227,7 +263,8 @@ def load(paths: list[str | Path]):
 
 PCT_COLUMNS = ("sm_pct", "l1_pct", "l2_pct", "dram_pct", "tensor_pct", "occupancy_pct", "theoretical_occupancy_pct")
 CLASS_COLUMNS = ("solution", "kernel", "class", "launches", "duration_us", "registers", "active_sms", "sms",
-                 *PCT_COLUMNS, "tflops", "dram_gbs", "intensity", "flop", "dram_bytes")
+                 *PCT_COLUMNS, "tflops", "dram_gbs", "intensity", "flop", "dram_bytes", "issue_pct", "cycles_per_issue",
+                 "stalls", "instructions", "smem_conflicts")
 
 
 def _time_weighted(values, durations) -> float:
@@ -235,9 +272,20 @@ def _time_weighted(values, durations) -> float:
     return float((values[known] * durations[known]).sum() / durations[known].sum()) if known.any() else math.nan
 
 
+def _class_stalls(g) -> dict[str, float]:
+    """Each stall reason's ratio over a class's launches, weighed by time as utilisation is."""
+    if "_stalls" not in g:
+        return {}
+    t = g["duration_us"]
+    reasons = {r for ratios in g["_stalls"] for r in ratios}
+    return {r: _time_weighted(g["_stalls"].map(lambda ratios, r=r: ratios.get(r, math.nan)), t) for r in reasons}
+
+
 def by_class(kernels):
-    """Per (solution, kernel, class): mean duration and active SMs, time-weighted utilisation, and rates
-    and intensity from summed work over summed time (so long launches weigh as much as they cost)."""
+    """Per (solution, kernel, class): mean duration, active SMs and instructions, time-weighted utilisation
+    and warp state, and rates and intensity from summed work over summed time (so long launches weigh as
+    much as they cost). The stall reasons come from the launches' table (load()); a table read back from
+    kernels.csv keeps only each launch's top reasons, so there a class shows none."""
     import pandas as pd
 
     rows = []
@@ -245,6 +293,7 @@ def by_class(kernels):
         t = g["duration_us"]
         seconds = t.sum() * 1e-6
         flop, dram = g["flop"].sum(), g["dram_bytes"].sum()
+        stalls = _class_stalls(g)
         rows.append({
             "solution": solution, "kernel": kernel, "class": label, "launches": len(g),
             "duration_us": t.mean(), "registers": g["registers"].max(), "active_sms": g["active_sms"].mean(),
@@ -252,6 +301,9 @@ def by_class(kernels):
             **{c: _time_weighted(g[c], t) for c in PCT_COLUMNS},
             "tflops": flop / seconds / 1e12, "dram_gbs": dram / seconds / 1e9,
             "intensity": flop / dram if dram > 0 else math.nan, "flop": flop, "dram_bytes": dram,
+            "issue_pct": _time_weighted(g["issue_pct"], t), "cycles_per_issue": _time_weighted(g["cycles_per_issue"], t),
+            "stalls": top_stalls(stalls), "instructions": g["instructions"].mean(),
+            "smem_conflicts": g["smem_conflicts"].mean(),
         })
     return pd.DataFrame(rows, columns=CLASS_COLUMNS)
 
@@ -259,7 +311,8 @@ def by_class(kernels):
 # How tables show numbers (CSV keeps full precision).
 _FORMATS = {"duration_us": "{:.2f}", "smem_kib": "{:.1f}", "waves": "{:.2f}", "active_sms": "{:.0f}",
             "tflops": "{:.2f}", "dram_gbs": "{:.0f}", "intensity": "{:.2f}", "flop": "{:.3g}", "tensor_flop": "{:.3g}",
-            "sass_flop": "{:.3g}", "dram_bytes": "{:.3g}", **{c: "{:.1f}" for c in PCT_COLUMNS}}
+            "sass_flop": "{:.3g}", "dram_bytes": "{:.3g}", "issue_pct": "{:.1f}", "cycles_per_issue": "{:.2f}",
+            "instructions": "{:.3g}", "smem_conflicts": "{:.3g}", **{c: "{:.1f}" for c in PCT_COLUMNS}}
 
 
 def formatted(df) -> list[list[str]]:
@@ -267,7 +320,7 @@ def formatted(df) -> list[list[str]]:
     import pandas as pd
 
     def cell(col, v):
-        if pd.isna(v):
+        if pd.isna(v) or v == "":
             return "-"
         fmt = _FORMATS.get(col)
         return fmt.format(v) if fmt and isinstance(v, (int, float)) else str(v)
