@@ -68,6 +68,21 @@ def test_host_executor_spreads_jobs_over_its_gpus_one_at_a_time_each():
         assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:])), "serial per GPU"
 
 
+def test_closing_the_host_executor_ends_its_workers_without_waiting_for_their_teardown():
+    ex = HostExecutor(["0", "1"])
+    try:
+        done = list(ex.map(square, list(range(4))))
+        pids = [w.warm.result() for w in ex._workers.live]
+    finally:
+        ex.close()
+    _exactly_once(done, 4)
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # ended and reaped
+    ex.close()  # a second close is a no-op
+
+
 def test_host_executor_reruns_the_job_of_a_dead_worker(tmp_path):
     ex = HostExecutor(["0", "1"])
     try:

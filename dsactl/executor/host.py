@@ -4,13 +4,15 @@ Each worker is a single-process pool (concurrent.futures, spawn: never fork a pr
 CUDA context), so a worker keeps its imports and compiled kernels from one job to the next, and a dead
 worker breaks only its own pool: the job it ran goes to another worker and the GPU gets a fresh one.
 The workers start when the executor is made, each importing torch and opening its GPU while the command
-still selects its workloads, so that start-up is not paid again after it.
+still selects its workloads, so that start-up is not paid again after it; closing ends them at once (_Worker.stop),
+so that their teardown is not paid after the last result either.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -49,9 +51,9 @@ def _pin(visible: str) -> None:
     use_interpreter_without_gpu()
 
 
-def _warm() -> None:
+def _warm() -> int:
     """A worker's first task: the imports (torch, the harness that makes every job's inputs and calls) and the
-    CUDA context every job needs."""
+    CUDA context every job needs. Returns the worker's process id."""
     import importlib
 
     import torch
@@ -59,6 +61,7 @@ def _warm() -> None:
     importlib.import_module("dsactl.harness")
     if torch.cuda.is_available():
         torch.cuda.init()
+    return os.getpid()
 
 
 def _run(fn: Callable[[Any], Any], job: Any) -> tuple[Any, Placement]:
@@ -80,7 +83,19 @@ def _visible(gpu: str) -> str:
 class _Worker:
     gpu: str
     pool: ProcessPoolExecutor
+    warm: Future  # its process id once warmed up
     restarts: int = 0
+
+    def stop(self) -> None:
+        """Cancel what is queued and end the process at once: a closing worker holds no result, and its
+        interpreter's teardown (torch, its CUDA context) would stand between the last result and the
+        command's end."""
+        if self.warm.done() and self.warm.exception() is None:
+            try:
+                os.kill(self.warm.result(), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 @dataclass
@@ -93,8 +108,8 @@ class _HostWorkers:
     def _spawn(self, gpu: str, restarts: int = 0) -> _Worker:
         pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_pin,
                                    initargs=(_visible(gpu),))
-        pool.submit(_warm)  # starts the process now; one that dies warming up is lost by its first job
-        worker = _Worker(gpu, pool, restarts)
+        warm = pool.submit(_warm)  # starts the process now; one that dies warming up is lost by its first job
+        worker = _Worker(gpu, pool, warm, restarts)
         self.live.append(worker)
         return worker
 
@@ -127,7 +142,7 @@ class _HostWorkers:
 
     def close(self) -> None:
         for worker in self.live:
-            worker.pool.shutdown(wait=True, cancel_futures=True)
+            worker.stop()
         self.live.clear()
 
 
