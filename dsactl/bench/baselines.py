@@ -177,10 +177,12 @@ def known_names() -> list[str]:
     return [REFERENCE] + [s.name for s in solutions.SOLUTIONS if s.baseline] + [p.name for p in PLUGINS]
 
 
-def check_names(names: list[str]) -> None:
-    unknown = [n for n in names if n not in known_names()]
+def check_names(names: list[str], accepted: list[str] | None = None) -> None:
+    """Refuse a name outside accepted (default: every known baseline), listing those accepted."""
+    accepted = known_names() if accepted is None else accepted
+    unknown = [n for n in names if n not in accepted]
     if unknown:
-        raise DsactlError(f"unknown baseline {', '.join(map(repr, unknown))}; choose from {', '.join(known_names())}")
+        raise DsactlError(f"unknown baseline {', '.join(map(repr, unknown))}; choose from {', '.join(accepted)}")
 
 
 def resolve(d: Definition, names: list[str] | None = None,

@@ -29,8 +29,8 @@ NVTX_RANGE = "dsactl"
 SETS = ("roofline", "warps")
 # --set roofline records neither occupancy nor launch statistics (grid, registers).
 _ROOFLINE = ("--set", "roofline", "--section", "Occupancy", "--section", "LaunchStats")
-# Why a kernel waits: every stall reason per issued instruction (their sum is the warp cycles an issued
-# instruction costs), the schedulers' issue rate, the instructions executed, shared-memory bank conflicts.
+# Why a kernel waits: every stall reason per issued instruction (they add up to about the warp cycles an
+# issued instruction costs), the schedulers' issue rate, the instructions executed, shared-memory bank conflicts.
 STALL_METRICS = r"regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 SET_SECTIONS = {
     "roofline": _ROOFLINE,
@@ -111,9 +111,7 @@ def check_baselines(names: tuple[str, ...]) -> None:
     if baselines.REFERENCE in names:
         raise DsactlError(f"the reference is a float32 PyTorch loop, not a kernel to profile: name a baseline "
                           f"kernel ({', '.join(kernels)})")
-    unknown = [n for n in names if n not in kernels]
-    if unknown:
-        raise DsactlError(f"unknown baseline {', '.join(map(repr, unknown))}; choose from {', '.join(kernels)}")
+    baselines.check_names(list(names), kernels)
 
 
 def plan(selection: Selection, solutions_too: bool = True) -> list[Target]:
