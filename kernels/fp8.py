@@ -9,7 +9,9 @@ MLA FP8 KV token (656 bytes): 512 e4m3 values of ckv, 4 fp32 scales (one per
 sensitive. The cache is int8 [num_pages, 64, 656].
 
 Scales are absmax / 448 (448 is the largest finite e4m3 value), so the largest
-magnitude maps to the top of the e4m3 range.
+magnitude maps to the top of the e4m3 range. An MLA cache may instead take that
+rounded up to a power of two ("ue8m0"), as DeepSeek V3.2 writes its cache (and
+FlashMLA's tests quantize it); the kernels serve any positive fp32 scale.
 
 The functions import torch where they run, so that reading the layouts (the definitions, a catalog)
 imports no torch.
@@ -77,15 +79,23 @@ def dequantize_index_k(cache: torch.Tensor) -> torch.Tensor:
     return fp8.float() * scales[..., None]
 
 
-def quantize_mla_kv(ckv: torch.Tensor, kpe: torch.Tensor) -> torch.Tensor:
-    """ckv [..., 512], kpe [..., 64] -> int8 [..., 656] in the FP8 MLA token layout."""
+MLA_SCALE_FORMATS = ("fp32", "ue8m0")
+
+
+def quantize_mla_kv(ckv: torch.Tensor, kpe: torch.Tensor, scales: str = "fp32") -> torch.Tensor:
+    """ckv [..., 512], kpe [..., 64] -> int8 [..., 656] in the FP8 MLA token layout; scales "fp32"
+    (absmax / 448) or "ue8m0" (that rounded up to a power of two)."""
     import torch
 
     if ckv.shape[-1] != MLA_CKV_DIM or kpe.shape[-1] != MLA_KPE_DIM or ckv.shape[:-1] != kpe.shape[:-1]:
         raise ValueError(f"ckv [..., 512] and kpe [..., 64] expected, got {list(ckv.shape)}, {list(kpe.shape)}")
+    if scales not in MLA_SCALE_FORMATS:
+        raise ValueError(f"scales must be one of {MLA_SCALE_FORMATS}, got {scales!r}")
     lead = ckv.shape[:-1]
     groups = ckv.float().reshape(*lead, MLA_NUM_SCALES, MLA_SCALE_GROUP)
     scale = _scale(groups.abs().amax(dim=-1))  # [..., 4]
+    if scales == "ue8m0":
+        scale = torch.exp2(torch.ceil(torch.log2(scale)))
     fp8 = (groups / scale[..., None]).to(torch.float8_e4m3fn).reshape(*lead, MLA_CKV_DIM)
     out = torch.empty(*lead, MLA_TOKEN_BYTES, dtype=torch.uint8, device=ckv.device)
     out[..., :MLA_SCALE_OFFSET] = fp8.view(torch.uint8)

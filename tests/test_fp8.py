@@ -52,3 +52,17 @@ def test_bad_shapes_are_rejected():
         fp8.quantize_index_k(torch.randn(64, 128))
     with pytest.raises(ValueError):
         fp8.quantize_mla_kv(torch.randn(3, 500), torch.randn(3, 64))
+
+
+def test_mla_ue8m0_scales_are_the_fp32_scales_rounded_up_to_powers_of_two():
+    g = torch.Generator().manual_seed(5)
+    ckv = torch.randn(3, 64, 512, generator=g) * torch.exp2(torch.randint(-12, 12, (3, 64, 1), generator=g).float())
+    kpe = torch.randn(3, 64, 64, generator=g)
+    scales = {f: fp8.quantize_mla_kv(ckv, kpe, f).view(torch.uint8)[..., 512:528].contiguous().view(torch.float32)
+              for f in ("fp32", "ue8m0")}
+    assert torch.equal(scales["ue8m0"], torch.exp2(torch.log2(scales["ue8m0"]).round()))  # powers of two
+    assert (scales["ue8m0"] >= scales["fp32"]).all() and (scales["ue8m0"] < 2 * scales["fp32"]).all()
+    ckv2, _ = fp8.dequantize_mla_kv(fp8.quantize_mla_kv(ckv, kpe, "ue8m0"))
+    assert ((ckv2 - ckv).norm(dim=-1) / ckv.norm(dim=-1)).max() < 0.1
+    with pytest.raises(ValueError, match="scales"):
+        fp8.quantize_mla_kv(ckv, kpe, "bf16")

@@ -79,6 +79,23 @@ def test_large_q_workloads_pass_fp16s_range_with_the_usual_logits():
         torch.testing.assert_close(got["lse"], want["lse"], rtol=1e-6, atol=1e-6)
 
 
+def _mla_scales(x):
+    return x["kv_cache"].view(torch.uint8)[..., 512:528].contiguous().view(torch.float32)
+
+
+def test_fp8_scale_workloads_take_power_of_two_scales_and_the_edge_suite_mixes_both():
+    """scale-attention-*-fp8 quantize as the model writes its cache (ue8m0 scales); the edge suite's
+    mixed-scales workloads put tokens of both kinds side by side."""
+    is_pow2 = lambda s: s == torch.exp2(torch.log2(s).round())
+    scale = {w.uuid: w for w in workloads.suite("scale")}["scale-attention-h16-t1-fp8"]
+    x = workloads.make_inputs(dataclasses.replace(scale, axes={**scale.axes, "num_pages": 40}), "cpu", 0)
+    assert is_pow2(_mla_scales(x)).all()
+    edge = {w.uuid: w for w in workloads.suite("edge")}
+    for tag in ("h16-fp8", "h128-fp8"):
+        per_token = is_pow2(_mla_scales(workloads.make_inputs(edge[f"edge-attention-mixed-scales-{tag}"], "cpu", 0))).all(-1)
+        assert 0.3 < per_token.float().mean() < 0.7
+
+
 def test_select_filters_and_errors():
     assert all(w.definition == CONTEST_ATTENTION for w in workloads.select("contest", definition=CONTEST_ATTENTION))
     assert len(workloads.select("contest", workload_ids=["contest-attention-003"])) == 1

@@ -101,6 +101,14 @@ def _sparse_indices(p: dict, num_tokens: int, topk: int, num_slots: int, g, devi
     return idx.to(torch.int32)
 
 
+def _mla_kv_cache(ckv, kpe, scales: str, g) -> torch.Tensor:
+    """The FP8 cache with `scales` of quantize_mla_kv, or "mixed": each token's scales of either kind."""
+    if scales != "mixed":
+        return quantize_mla_kv(ckv, kpe, scales)
+    pow2 = torch.rand(ckv.shape[:-1], generator=g, device=ckv.device) < 0.5
+    return torch.where(pow2[..., None], quantize_mla_kv(ckv, kpe, "ue8m0"), quantize_mla_kv(ckv, kpe))
+
+
 def attention_inputs(d: Definition, w: Workload, device, seed: int) -> dict[str, Any]:
     g = _generator(device, seed)
     p = w.params
@@ -116,7 +124,7 @@ def attention_inputs(d: Definition, w: Workload, device, seed: int) -> dict[str,
     ckv = _randn((num_pages, PAGE_SIZE, 512), g, device).to(torch.bfloat16)
     kpe = _randn((num_pages, PAGE_SIZE, 64), g, device).to(torch.bfloat16)
     if d.params["fp8kv"]:
-        out["kv_cache"] = quantize_mla_kv(ckv, kpe)
+        out["kv_cache"] = _mla_kv_cache(ckv, kpe, p.get("kv_scales", "fp32"), g)
         assert out["kv_cache"].shape[-1] == MLA_TOKEN_BYTES
     else:
         out["ckv_cache"], out["kpe_cache"] = ckv, kpe

@@ -94,8 +94,10 @@ def scale() -> list[Workload]:
         for t in SCALE_ATTENTION_TOKENS:
             for fp8 in (False, True):
                 name = f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk2048_ps64" + ("_fp8kv" if fp8 else "")
+                # FP8: power-of-two scales, as the model writes its cache.
                 out.append(_attention(f"scale-attention-h{h}-t{t}-{'fp8' if fp8 else 'bf16'}", "scale", f"h{h}",
-                                      name, t, SCALE_ATTENTION_NUM_PAGES, pattern="full"))
+                                      name, t, SCALE_ATTENTION_NUM_PAGES, pattern="full",
+                                      **({"kv_scales": "ue8m0"} if fp8 else {})))
     for bf16 in (False, True):
         for rows in SCALE_TOPK_ROWS:
             for length in SCALE_TOPK_LENGTHS:
@@ -134,6 +136,9 @@ def edge() -> list[Workload]:
             out.append(_attention(f"edge-attention-large-q-{tag}", "edge", "magnitude", base, 3, 512,
                                   pattern="scattered", valid=(2048, 7, 300), q_scale=LARGE_Q,
                                   sm_scale=CONTEST_SM_SCALE / LARGE_Q))
+            if fp8:  # tokens with power-of-two and with other scales side by side (the fast and the general dequant)
+                out.append(_attention(f"edge-attention-mixed-scales-{tag}", "edge", "scales", base, 3, 512,
+                                      pattern="scattered", valid=(2048, 1000, 64), kv_scales="mixed"))
     for suffix in ("_lsee", "_topklen", "_sink", "_fp8kv_lsee_topklen_sink"):
         out.append(_attention(f"edge-attention-variant{suffix}", "edge", "variant",
                               f"dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64{suffix}", 3, 512,

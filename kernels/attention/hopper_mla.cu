@@ -74,7 +74,8 @@
 // is stored scaled by 2^-j (load_q_f16) and consumer 0 multiplies its logits by 2^j; a token whose
 // dequantized or rope values reach 65504 is stored scaled by 2^-k (store_fp8), and consumer 0
 // multiplies its logits and, before rounding P to fp16, its P by 2^k. k stops at 15 (P <= 1 times
-// 2^15 stays in fp16): tokens with values of 2^31 or more still overflow to inf.
+// 2^15 stays in fp16): tokens with values of 2^31 or more still overflow to inf. Scales fp16 holds
+// exactly (powers of two: DeepSeek V3.2's ue8m0 cache) dequantize on HMUL2, to the same bits.
 //
 // Shared-memory tiles are 128-byte-swizzled K-major: a [rows x 576] bf16 tile is 9 chunks of
 // [rows x 64] (one 128-byte row per matrix row), element (r, 8k + e) of a chunk at byte
@@ -462,8 +463,26 @@ __device__ __forceinline__ uint32_t dequant2(uint32_t pair, float scale) {
   return *reinterpret_cast<const uint32_t*>(&r);
 }
 
+// The same with a scale fp16 holds exactly: one HMUL2 a pair. The exact product (at most 4 + 11
+// significant bits) is rounded once to fp16, as above: the same bits in a third of the instructions.
+__device__ __forceinline__ uint32_t dequant2(uint32_t pair, __half2 scale) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
+  const __half2 r = __hmul2(__half2(h), scale);
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+
+template <bool kFp16>
+__device__ __forceinline__ auto group_scale(float scale) {
+  if constexpr (kFp16) {
+    return __float2half2_rn(scale);
+  } else {
+    return scale;
+  }
+}
+
 // 8 e4m3 values (two words) -> 8 fp16 (one 16-byte piece).
-__device__ __forceinline__ uint4 dequant8(uint32_t lo, uint32_t hi, float scale) {
+template <typename Scale>
+__device__ __forceinline__ uint4 dequant8(uint32_t lo, uint32_t hi, Scale scale) {
   return make_uint4(dequant2(lo & 0xFFFF, scale), dequant2(lo >> 16, scale), dequant2(hi & 0xFFFF, scale),
                     dequant2(hi >> 16, scale));
 }
@@ -522,10 +541,12 @@ static_assert(kPassRowBytes % 16 == 0 && kPassCodeBytes % 16 == 0 && kCodeOffset
                   (kStages * kBlockTokens * 4) % 16 == 0,
               "bulk copies move 16-byte multiples between 16-byte aligned addresses");
 
-// The slice scaled down by 2^shift (shift 0: the compiler drops the multiplies).
+// The slice scaled down by 2^shift (shift 0: the compiler drops the multiplies); kFp16Scales: every
+// scale is exact in fp16 and shift is 0 (store_fp8).
+template <bool kFp16Scales>
 __device__ __forceinline__ void store_fp8_shifted(const Smem& sm, int stage, int token, const Fp8Slice& s, int shift) {
   const int piece = threadIdx.x % kLanesPerToken;
-  const float down = pow2(-shift);
+  const float down = kFp16Scales ? 1.f : pow2(-shift);
   const float scales[kNumScales] = {s.scale.x * down, s.scale.y * down, s.scale.z * down, s.scale.w * down};
   // Group g's 16 values of this lane are dims g*128 + piece*16 .. +15: chunk 2g + piece/4, pieces
   // 2 (piece % 4) and +1. Lanes 4-7 store their odd piece first so that a quarter warp's 8 stores
@@ -536,8 +557,8 @@ __device__ __forceinline__ void store_fp8_shifted(const Smem& sm, int stage, int
   for (int g = 0; g < kNumScales; ++g) {
     const uint32_t chunk_base = sm.k(stage) + (2 * g + chunk_half) * kChunkBytes;
     const uint4 v = s.e[g];
-    const uint4 lo = dequant8(v.x, v.y, scales[g]);  // values 0..7: piece 2 (piece % 4)
-    const uint4 hi = dequant8(v.z, v.w, scales[g]);  // values 8..15: the next piece
+    const uint4 lo = dequant8(v.x, v.y, group_scale<kFp16Scales>(scales[g]));  // values 0..7: piece 2 (piece % 4)
+    const uint4 hi = dequant8(v.z, v.w, group_scale<kFp16Scales>(scales[g]));  // values 8..15: the next piece
     const int piece0 = 2 * (piece % 4);
     st_shared_v4(chunk_base + swizzled(token, piece0 + first), first ? hi : lo);
     st_shared_v4(chunk_base + swizzled(token, piece0 + 1 - first), first ? lo : hi);
@@ -546,13 +567,20 @@ __device__ __forceinline__ void store_fp8_shifted(const Smem& sm, int stage, int
   if (piece == 0) sm.codes(stage)[token] = s.idx >= 0 ? column_code(shift) : kMaskedColumn;
 }
 
-// One vote a warp keeps the common case (every value inside fp16's range) free of the shift's work.
+__device__ __forceinline__ bool fp16_exact(float x) { return __half2float(__float2half_rn(x)) == x; }
+
+// One vote a warp keeps the common case (every value inside fp16's range) free of the shift's work, and
+// a second the commonest (scales exact in fp16, as the power-of-two scales DeepSeek V3.2 writes are) on
+// HMUL2.
 __device__ __forceinline__ void store_fp8(const Smem& sm, int stage, int token, const Fp8Slice& s) {
   const float largest = slice_largest(s);
   if (__any_sync(0xFFFFFFFF, largest >= kFp16Max)) {
-    store_fp8_shifted(sm, stage, token, s, token_shift(largest));
+    store_fp8_shifted<false>(sm, stage, token, s, token_shift(largest));
+  } else if (__all_sync(0xFFFFFFFF, fp16_exact(s.scale.x) && fp16_exact(s.scale.y) && fp16_exact(s.scale.z) &&
+                                        fp16_exact(s.scale.w))) {
+    store_fp8_shifted<true>(sm, stage, token, s, 0);
   } else {
-    store_fp8_shifted(sm, stage, token, s, 0);
+    store_fp8_shifted<false>(sm, stage, token, s, 0);
   }
 }
 
