@@ -546,7 +546,7 @@ static_assert(kPassRowBytes % 16 == 0 && kPassCodeBytes % 16 == 0 && kCodeOffset
 template <bool kFp16Scales>
 __device__ __forceinline__ void store_fp8_shifted(const Smem& sm, int stage, int token, const Fp8Slice& s, int shift) {
   const int piece = threadIdx.x % kLanesPerToken;
-  const float down = kFp16Scales ? 1.f : pow2(-shift);
+  const float down = pow2(-shift);
   const float scales[kNumScales] = {s.scale.x * down, s.scale.y * down, s.scale.z * down, s.scale.w * down};
   // Group g's 16 values of this lane are dims g*128 + piece*16 .. +15: chunk 2g + piece/4, pieces
   // 2 (piece % 4) and +1. Lanes 4-7 store their odd piece first so that a quarter warp's 8 stores
@@ -557,8 +557,9 @@ __device__ __forceinline__ void store_fp8_shifted(const Smem& sm, int stage, int
   for (int g = 0; g < kNumScales; ++g) {
     const uint32_t chunk_base = sm.k(stage) + (2 * g + chunk_half) * kChunkBytes;
     const uint4 v = s.e[g];
-    const uint4 lo = dequant8(v.x, v.y, group_scale<kFp16Scales>(scales[g]));  // values 0..7: piece 2 (piece % 4)
-    const uint4 hi = dequant8(v.z, v.w, group_scale<kFp16Scales>(scales[g]));  // values 8..15: the next piece
+    const auto scale = group_scale<kFp16Scales>(scales[g]);
+    const uint4 lo = dequant8(v.x, v.y, scale);  // values 0..7: piece 2 (piece % 4)
+    const uint4 hi = dequant8(v.z, v.w, scale);  // values 8..15: the next piece
     const int piece0 = 2 * (piece % 4);
     st_shared_v4(chunk_base + swizzled(token, piece0 + first), first ? hi : lo);
     st_shared_v4(chunk_base + swizzled(token, piece0 + 1 - first), first ? lo : hi);
