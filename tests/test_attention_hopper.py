@@ -106,13 +106,13 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     fake = 1 << 20  # an aligned address that is never dereferenced: every call below fails its checks first
 
     def call(heads=64, topk=2048, splits=1, num_tokens=1, q_stride=576, kv_a=fake, parts=(fake, fake, fake),
-             in_cluster=0, bf16_partials=0, cache_tokens=4096, bad_count=fake):
+             in_cluster=0, bf16_partials=0, cache_tokens=4096, bad_count=fake, scale_log2=1.0):
         return lib.dsa_hopper_mla_decode(fake, q_stride * heads, q_stride, fake, q_stride * heads, q_stride, 0,
                                          kv_a, 512, fake, 64, fake, topk, num_tokens, heads, topk, splits, in_cluster,
-                                         bf16_partials, 1.0, 1.0, fake, 512 * heads, 512, fake, heads, 1, *parts,
+                                         bf16_partials, scale_log2, 1.0, fake, 512 * heads, 512, fake, heads, 1, *parts,
                                          cache_tokens, bad_count, None)
 
-    bad_shape, bad_alignment, null, bad_cluster, partials_unused = -1, -2, -3, -5, -7
+    bad_shape, bad_alignment, null, bad_cluster, partials_unused, bad_scale = -1, -2, -3, -5, -7, -8
     assert call(heads=8) == bad_shape and call(heads=48) == bad_shape and call(heads=96) == bad_shape
     assert call(topk=100) == bad_shape and call(topk=4096) == bad_shape and call(topk=0) == bad_shape
     assert call(splits=0) == bad_shape and call(splits=hopper_mla.MAX_SPLITS + 1) == bad_shape
@@ -131,7 +131,11 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     assert call(splits=1, bf16_partials=1) == partials_unused
     assert call(splits=2, in_cluster=1, parts=(None, None, None), bf16_partials=1) == partials_unused
     assert call(splits=2, bf16_partials=1, q_stride=580) == bad_alignment  # past that check, to the next
-    for code in (bad_shape, bad_alignment, null, -4, bad_cluster, -6, partials_unused):
+    # The kernel scales raw maxima: a positive logit scale only (the launcher maps sm_scale <= 0 onto one).
+    for scale_log2 in (0.0, -0.0, -1.0, float("nan")):
+        assert call(scale_log2=scale_log2) == bad_scale
+    assert call(scale_log2=2.0 ** -149, q_stride=580) == bad_alignment
+    for code in (bad_shape, bad_alignment, null, -4, bad_cluster, -6, partials_unused, bad_scale):
         assert lib.dsa_hopper_mla_error_string(code).decode() not in ("ok", "unknown error")
 
 
@@ -387,6 +391,23 @@ def test_gpu_matches_reference(heads, num_tokens, suffix):
     assert_matches_reference(definition, inputs, outputs)
     empty = [t for t, n in enumerate(valid) if n == 0]
     assert bool((outputs["output"][empty] == 0).all()) and bool((outputs["lse"][empty] == float("-inf")).all())
+
+
+@pytest.mark.gpu
+@on_sm90
+@pytest.mark.parametrize("heads", hopper_mla.HEADS)
+@pytest.mark.parametrize("suffix", ["", "_fp8kv_lsee"])
+@pytest.mark.parametrize("factor", [-1.0, 0.0, -0.0])
+def test_gpu_negative_and_zero_sm_scale(heads, suffix, factor):
+    """The kernel scales each block's raw maximum, so the launcher must turn a negative sm_scale into
+    a sign flip of q and 0 into a scale that keeps masked logits at -inf: softmax reversed, uniform."""
+    definition = definition_name(heads, 2048, suffix)
+    inputs = case_inputs(definition, 4, 128, "cuda", seed=heads, pattern="scattered", valid=(2048, 5, 0, 1000))
+    inputs["sm_scale"] = factor * inputs["sm_scale"]
+    for num_splits in (None, 1, 2):
+        outputs = _call(definition, inputs, num_splits)
+        assert_matches_reference(definition, inputs, outputs)
+        assert bool((outputs["lse"][2] == float("-inf")).all())
 
 
 @pytest.mark.gpu

@@ -375,6 +375,22 @@ def test_gpu_ids_clustered_in_one_page(heads):
 @pytest.mark.gpu
 @on_gpu
 @pytest.mark.parametrize("heads", mma_mla.HEADS)
+@pytest.mark.parametrize("suffix", ["_fp8kv", "_fp8kv_lsee_topklen_sink"])
+@pytest.mark.parametrize("factor", [-1.0, 0.0, -0.0])
+def test_gpu_negative_and_zero_sm_scale(heads, suffix, factor):
+    """The kernel folds sm_scale's sign into q and scales each tile's raw maximum by its magnitude:
+    a negative scale reverses the softmax, 0 makes it uniform, and masked logits stay -inf."""
+    definition = _definition(heads, 2048, suffix)
+    inputs = case_inputs(definition, 4, 128, "cuda", seed=heads, pattern="scattered", valid=(2048, 5, 0, 1000))
+    inputs["sm_scale"] = factor * inputs["sm_scale"]
+    for num_splits in (None, 1, 3):
+        outputs = _call(definition, inputs, num_splits)
+        assert_matches_reference(definition, inputs, outputs)
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("heads", mma_mla.HEADS)
 def test_gpu_topk_length_zero_negative_and_past_topk(heads):
     """topk_length clamps to [0, topk]: rows of length 0 (or below) are empty, with their sink."""
     definition = _definition(heads, 2048, "_fp8kv_lsee_topklen_sink")

@@ -316,7 +316,7 @@ struct Smem {
 
 // Byte offset of 16-byte piece `piece` (0..7) of row `row` in a swizzled [rows x 64] chunk.
 __device__ __forceinline__ uint32_t swizzled(int row, int piece) {
-  return row * kSwizzleBytes + ((piece ^ (row % 8)) << 4);
+  return row * kSwizzleBytes + ((piece ^ (row & 7)) << 4);  // rows are >= 0: & 7, not a signed % 8
 }
 
 struct Work {
@@ -369,6 +369,12 @@ static_assert(kBlockTokens % kTokensPerPass == 0, "whole passes fill a block");
 // powers of two that keep the FP8 path in fp16's range (top of the file).
 __device__ __forceinline__ float pow2(int e) { return __int_as_float((127 + e) << 23); }
 __device__ __forceinline__ int exponent_of(int bits) { return (bits >> 23) - 127; }
+
+__device__ __forceinline__ float ex2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
 
 // What the producer tells consumer 0 about each token of a block (Smem::codes): kMaskedColumn, or the fp32
 // bits of the factor 2^shift its logits and P are multiplied by (store_fp8; shift 0 on the bf16 path).
@@ -558,17 +564,29 @@ __device__ __forceinline__ void store_fp8_shifted(const Smem& sm, int stage, int
     const uint32_t chunk_base = sm.k(stage) + (2 * g + chunk_half) * kChunkBytes;
     const uint4 v = s.e[g];
     const auto scale = group_scale<kFp16Scales>(scales[g]);
-    const uint4 lo = dequant8(v.x, v.y, scale);  // values 0..7: piece 2 (piece % 4)
-    const uint4 hi = dequant8(v.z, v.w, scale);  // values 8..15: the next piece
+    // The words of the piece stored first (values 0..7 for lanes 0-3, 8..15 for lanes 4-7) are chosen
+    // before the conversion: 4 selects a group instead of 8 on the converted words.
+    const uint4 a = dequant8(first ? v.z : v.x, first ? v.w : v.y, scale);
+    const uint4 c = dequant8(first ? v.x : v.z, first ? v.y : v.w, scale);
     const int piece0 = 2 * (piece % 4);
-    st_shared_v4(chunk_base + swizzled(token, piece0 + first), first ? hi : lo);
-    st_shared_v4(chunk_base + swizzled(token, piece0 + 1 - first), first ? lo : hi);
+    st_shared_v4(chunk_base + swizzled(token, piece0 + first), a);
+    st_shared_v4(chunk_base + swizzled(token, piece0 + 1 - first), c);
   }
   st_shared_v4(sm.k(stage) + kCkvChunks * kChunkBytes + swizzled(token, piece), bf16x8_to_f16x8(s.kpe, down));
   if (piece == 0) sm.codes(stage)[token] = s.idx >= 0 ? column_code(shift) : kMaskedColumn;
 }
 
-__device__ __forceinline__ bool fp16_exact(float x) { return __half2float(__float2half_rn(x)) == x; }
+// Conservatively whether all 4 scales are exact in fp16 (store_fp8 has already sent scales of 2^16 / 448
+// and more elsewhere): at most 11 significant bits (the low 13 of the fp32 significand zero) and magnitudes
+// of at least 2^-14 (fp16's smallest normal). A false negative only takes the fp32 path, which rounds to
+// the same bits.
+__device__ __forceinline__ bool scales_fp16_exact(float4 s) {
+  const uint32_t x = __float_as_uint(s.x), y = __float_as_uint(s.y), z = __float_as_uint(s.z),
+                 w = __float_as_uint(s.w);
+  constexpr uint32_t kAbs = 0x7FFFFFFFu, kLowBits = 0x1FFFu, kMinNormal = 0x38800000u;  // 2^-14
+  const uint32_t smallest = min(min(x & kAbs, y & kAbs), min(z & kAbs, w & kAbs));
+  return ((x | y | z | w) & kLowBits) == 0 && smallest >= kMinNormal;
+}
 
 // One vote a warp keeps the common case (every value inside fp16's range) free of the shift's work, and
 // a second the commonest (scales exact in fp16, as the power-of-two scales DeepSeek V3.2 writes are) on
@@ -577,8 +595,7 @@ __device__ __forceinline__ void store_fp8(const Smem& sm, int stage, int token, 
   const float largest = slice_largest(s);
   if (__any_sync(0xFFFFFFFF, largest >= kFp16Max)) {
     store_fp8_shifted<false>(sm, stage, token, s, token_shift(largest));
-  } else if (__all_sync(0xFFFFFFFF, fp16_exact(s.scale.x) && fp16_exact(s.scale.y) && fp16_exact(s.scale.z) &&
-                                        fp16_exact(s.scale.w))) {
+  } else if (__all_sync(0xFFFFFFFF, s.idx < 0 || scales_fp16_exact(s.scale))) {  // masked: all zeros
     store_fp8_shifted<true>(sm, stage, token, s, 0);
   } else {
     store_fp8_shifted<false>(sm, stage, token, s, 0);
@@ -603,35 +620,51 @@ template <int kPeers>
 __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int rank, uint32_t peer_delta) {
   constexpr int kMyPasses = kPasses / kPeers;
   static_assert(kPasses % kPeers == 0, "the peers split every block's passes evenly");
+  static_assert(kMyPasses % 2 == 0, "the passes go in pairs, the two slices alternating (no copies)");
   static_assert(kPeerBytes<kPeers> < (1u << 20), "an mbarrier's tx-count holds under 2^20 bytes");
-  // The first token of this CTA's pass q (kMyPasses per block), block-relative; this lane's token.
-  const auto first_token_of = [rank](int q) { return (rank * kMyPasses + q % kMyPasses) * kTokensPerPass; };
-  const auto token_of = [&](int q) { return first_token_of(q) + static_cast<int>(threadIdx.x) / kLanesPerToken; };
-  const auto index_of = [&](int q) { return gather_index(p, w, q / kMyPasses, token_of(q)); };
+  if (w.num_blocks == 0) return;
+  const int lane_token = static_cast<int>(threadIdx.x) / kLanesPerToken;
+  // This lane's index stream, two passes ahead of the conversion: block b, pass k is split position
+  // b * 64 + (rank * kMyPasses + k) * 16 + lane_token. A pointer stepped by one pass (after a block's
+  // last pass: to the next block's first) and the positions left before n_mine; past the last block
+  // they are >= n_mine: -1, no read.
+  const int j0 = rank * kMyPasses * kTokensPerPass + lane_token;
+  const int* idx_ptr = p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j0) * p.num_splits;
+  int j_left = w.n_mine - j0;
+  constexpr int kBlockStepTokens = kBlockTokens - (kMyPasses - 1) * kTokensPerPass;
+  const int pass_step = kTokensPerPass * p.num_splits;     // < 2^31: num_splits <= 64
+  const int block_step = kBlockStepTokens * p.num_splits;
+  const auto next_index = [&](bool block_end) {
+    const int idx = j_left > 0 ? __ldg(idx_ptr) : -1;
+    idx_ptr += block_end ? block_step : pass_step;
+    j_left -= block_end ? kBlockStepTokens : kTokensPerPass;
+    return idx;
+  };
+  Fp8Slice even = load_fp8(p, next_index(kMyPasses == 1));
+  int idx_next = next_index(kMyPasses == 2);
   const int passes = w.num_blocks * kMyPasses;
-  if (passes == 0) return;
-  Fp8Slice cur = load_fp8(p, index_of(0));
-  int idx_next = passes > 1 ? index_of(1) : -1;
-  for (int q = 0; q < passes; ++q) {
-    const int idx_after = q + 2 < passes ? index_of(q + 2) : -1;
-    Fp8Slice next = cur;
-    if (q + 1 < passes) next = load_fp8(p, idx_next);
-    idx_next = idx_after;
+  // One pass: convert and store `cur` (pass q), after loading the next pass's slice into `nxt`.
+  const auto pass = [&](int q, const Fp8Slice& cur, Fp8Slice& nxt) {
+    const int k = q % kMyPasses;
     const int b = q / kMyPasses;
     const int stage = b % kStages;
-    if (q % kMyPasses == 0 && b >= kStages) {
+    const int idx_after = next_index((q + 2) % kMyPasses == kMyPasses - 1);
+    nxt = load_fp8(p, idx_next);  // past the last block: masked, zeros, no read
+    idx_next = idx_after;
+    if (k == 0 && b >= kStages) {
       // Both CTAs' consumers are done with block b - 2 (every local thread and every peer warp arrived).
       mbar_wait(sm.empty(stage), ((b / kStages) - 1) & 1);
     }
-    store_fp8(sm, stage, token_of(q), cur);
+    const int first_token = (rank * kMyPasses + k) * kTokensPerPass;
+    store_fp8(sm, stage, first_token + lane_token, cur);
     if constexpr (kPeers > 1) {
       // Each pass goes to the peer as soon as it is written, so the copy of one overlaps the
       // conversion of the next (0.5% at h128 T=128). st.shared (generic proxy) is read by wgmma and
       // the bulk copy (async proxy).
       fence_proxy_async();
       named_barrier_sync(kBarPassReady, kWarpgroupThreads);  // the whole pass is written
-      if (threadIdx.x == 0) send_pass(sm, stage, first_token_of(q), peer_delta);
-      if (q % kMyPasses == kMyPasses - 1) {
+      if (threadIdx.x == 0) send_pass(sm, stage, first_token, peer_delta);
+      if (k == kMyPasses - 1) {
         // One thread's arrival also expects the bytes the peer's copies deliver here (the tx-count
         // may dip below zero first; the phase cannot complete before every local arrival).
         if (threadIdx.x == 0) {
@@ -640,11 +673,15 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
           mbar_arrive(sm.full(stage));
         }
       }
-    } else if (q % kMyPasses == kMyPasses - 1) {
+    } else if (k == kMyPasses - 1) {
       fence_proxy_async();
       mbar_arrive(sm.full(stage));
     }
-    cur = next;
+  };
+  Fp8Slice odd;
+  for (int q = 0; q < passes; q += 2) {
+    pass(q, even, odd);
+    pass(q + 1, odd, even);
   }
   count_bad_ids(p, w);
 }
@@ -970,7 +1007,7 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
 #pragma unroll
         for (int i = 0; i < 2; ++i) {
           float& v = s[4 * n + 2 * i + j];
-          v = valid ? v * logit_scale[i] : -INFINITY;
+          v = valid ? v : -INFINITY;  // raw logits: the scale (> 0) is applied to the max and in the FFMA
           mx[i] = fmaxf(mx[i], v);
         }
       }
@@ -980,10 +1017,10 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
     for (int i = 0; i < 2; ++i) {
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFF, mx[i], 1));
       mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xFFFFFFFF, mx[i], 2));
-      const float m_new = fmaxf(m_run[i], mx[i]);
+      const float m_new = fmaxf(m_run[i], mx[i] * logit_scale[i]);
       // Exponents against a finite reference: exp2(-inf - ref) = 0, never (-inf) - (-inf).
       const float ref = m_new == -INFINITY ? 0.f : m_new;
-      alpha[i] = exp2f(m_run[i] - ref);
+      alpha[i] = ex2_ftz(m_run[i] - ref);
       m_run[i] = m_new;
       float sum = 0.f;
 #pragma unroll
@@ -991,7 +1028,7 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
           float& v = s[4 * n + 2 * i + j];
-          v = exp2f(v - ref);
+          v = ex2_ftz(fmaf(v, logit_scale[i], -ref));
           sum += v;
         }
       }
@@ -1320,6 +1357,7 @@ enum ErrorCode : int {
   kBadClusterSplits = -5,
   kNoTensorMaps = -6,
   kBf16PartialsUnused = -7,
+  kBadLogitScale = -8,
 };
 
 constexpr int kMaxDevices = 64;
@@ -1440,6 +1478,8 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
   const bool partials = num_splits > 1 && !reduce_in_cluster;
   if (partials && (part_acc == nullptr || part_m == nullptr || part_l == nullptr)) return kNullPointer;
   if (bf16_partials && !partials) return kBf16PartialsUnused;
+  // consume_softmax scales each block's raw maximum, which is the scaled maximum only for a positive scale.
+  if (!(sm_scale_log2 > 0.f)) return kBadLogitScale;
   const bool kv_ok = fp8kv ? aligned16(kv_a)
                            : aligned16(kv_a) && aligned16(kv_b) && row_aligned(kv_a_stride) && row_aligned(kv_b_stride);
   // A token stride is never stepped over with one token (torch gives size-1 dims any stride).
@@ -1488,6 +1528,7 @@ const char* dsa_hopper_mla_error_string(int code) {
       return "splits merged in a cluster must number exactly 2";
     case kNoTensorMaps: return "q could not be described as a TMA tensor map (cuTensorMapEncodeTiled refused it)";
     case kBf16PartialsUnused: return "bf16_partials needs partials: num_splits > 1 and not reduce_in_cluster";
+    case kBadLogitScale: return "sm_scale_log2 must be positive (the launcher turns sm_scale <= 0 into that)";
     default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
 }

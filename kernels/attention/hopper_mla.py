@@ -58,6 +58,7 @@ TILE = tsm.Config(block_h=HEADS_PER_CTA, block_n=BLOCK_TOKENS, num_warps=12, num
 MAX_SPLITS = tsm.MAX_SPLITS  # the combine kernel's limit
 MAX_TOKENS = 65535  # tokens are the kernel grid's z dimension
 CLUSTER_SPLITS = 2  # the one split count merged in a cluster (hopper_mla.cu, kClusterSplits, says why)
+SMALLEST_DENORMAL = 2.0 ** -149  # the logit scale that stands for sm_scale 0 (sparse_mla_attention says why)
 
 
 WHO = "Hopper sparse MLA attention"
@@ -245,6 +246,13 @@ def sparse_mla_attention(
     else:
         kv_a, stride_a, kv_b, stride_b = ckv_cache, ckv_cache.stride(1), kpe_cache, kpe_cache.stride(1)
 
+    # The kernel applies a positive logit scale to each block's raw maximum (one multiply a row, not one
+    # a logit): a negative sm_scale flips q's sign instead (exact; a copy, off the served path), and 0
+    # becomes the smallest denormal, which keeps a masked -inf at -inf and every finite logit within a
+    # denormal of 0 (a weight of exactly 1).
+    if sm_scale < 0:
+        q_nope, q_pe, sm_scale = -q_nope, -q_pe, -sm_scale
+    scale_log2 = float(sm_scale) * math.log2(math.e) or SMALLEST_DENORMAL
     lib = library()
     with torch.cuda.device(device):
         code = lib.dsa_hopper_mla_decode(
@@ -253,7 +261,7 @@ def sparse_mla_attention(
             int(fp8kv), kv_a.data_ptr(), stride_a, None if kv_b is None else kv_b.data_ptr(), stride_b,
             sparse_indices.data_ptr(), sparse_indices.stride(0),
             num_tokens, heads, topk, splits, int(in_cluster), int(bf16_partials),
-            float(sm_scale) * math.log2(math.e), lse_scale,
+            scale_log2, lse_scale,
             output.data_ptr(), output.stride(0), output.stride(1),
             lse.data_ptr(), lse.stride(0), lse.stride(1),
             *(None if t is None else t.data_ptr() for t in partials),

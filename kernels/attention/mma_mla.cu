@@ -27,7 +27,7 @@
 // sums them in the same order and runs the same online softmax, so the only wait on other warps is one
 // barrier a tile (the partials' buffer is reused once every thread of the head group has arrived on
 // its reduce_free barrier). What bounds it at 16 heads (H200, 64-token tiles): latency, not a pipe;
-// 212 registers a thread leave 8 warps an SM, each issuing every ~5.6 cycles (ncu).
+// 214 registers a thread leave 8 warps an SM.
 //
 // Numerics: the e4m3 values feed fp16 MMAs undequantized (exact in fp16; one cvt per two values)
 // and each group's fp32 scale multiplies that group's partial logits and its share of P instead.
@@ -50,7 +50,9 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
 #include <cstdint>
+#include <limits>
 
 #include "hopper_mla_ptx.cuh"
 
@@ -133,6 +135,7 @@ struct Params {
   float* part_l;
   long long cache_tokens;
   int* bad_index_count;
+  float sm_abs;  // |sm_scale_log2|, 0 as the smallest denormal (the kernel's logit scaling, see row_up)
 };
 
 // ---- PTX -----------------------------------------------------------------------------------------
@@ -251,7 +254,7 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
     ids[j] = id;
   }
   if (bad > 0 && blockIdx.x == 0) atomicAdd(p.bad_index_count, bad);
-  if (threadIdx.x < kStages) mbar_init(full + 8 * threadIdx.x, 1);
+  if (threadIdx.x < kStages) mbar_init(full + 8 * threadIdx.x, S::kWarps);  // each warp copies a share
   if (threadIdx.x < kHeadGroups) mbar_init(full + 8 * (kStages + threadIdx.x), 32 * kGroupWarps);
   fence_mbarrier_init_cluster();
 
@@ -259,7 +262,12 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
   // positions {2c, 2c+1, 2c+8, 2c+9} are the group's columns 32c + 4j + {0..3}: a thread's 8 k-steps
   // read 32 consecutive values (of q here, and of each token's row below).
   uint32_t qa[kGroupKSteps][4];
-  float row_up[2];  // 2^shift of rows g, g + 8
+  float row_up[2];  // 2^shift of rows g, g + 8 (negated with sm_scale_log2)
+  // The logits are sm_abs * (partial sums of sign(sm_scale_log2) q.k): the sign folded exactly into
+  // row_up and q_pe, the magnitude into one FFMA with the running max below. 0 becomes the smallest
+  // denormal, so that a masked -inf stays -inf (every finite sum still gives a logit of 0 after ftz).
+  const bool sm_negative = p.sm_scale_log2 < 0.f;
+  const float sm_abs = p.sm_abs;  // a kernel parameter: no register across the loop
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const __nv_bfloat16* q = p.q_nope + t * p.q_nope_stride_t + (head0 + g + 8 * r) * p.q_nope_stride_h +
@@ -278,6 +286,7 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
     const float m = quad_max(row_max);
     const int shift = m > 0.f && m <= 3.0e38f ? min(max(ilogbf(m) - kQTopExp, kQMinShift), kQMaxShift) : 0;
     row_up[r] = exp2f(static_cast<float>(shift));
+    if (sm_negative) row_up[r] = -row_up[r];  // exact: the logits' sign flip, see sm_abs
 #pragma unroll
     for (int j = 0; j < kGroupKSteps; ++j) {
       const float2 lo = bf16x2_to_float2(words[2 * j]), hi = bf16x2_to_float2(words[2 * j + 1]);
@@ -292,18 +301,22 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
     const uint2 raw = *reinterpret_cast<const uint2*>(p.q_pe + t * p.q_pe_stride_t +
                                                       (head0 + g + 8 * r) * p.q_pe_stride_h +
                                                       group * kRopePerWarp + 4 * c);
-    qpe[r] = raw.x;
-    qpe[r + 2] = raw.y;
+    const uint32_t sign = sm_negative ? 0x80008000u : 0u;  // bf16 negation, exact
+    qpe[r] = raw.x ^ sign;
+    qpe[r + 2] = raw.y ^ sign;
   }
 
-  // Tile `tile`'s rows into its ring stage by the calling warp, one bulk copy a token.
+  // This warp's share of tile `tile`'s rows (tokens kShare warp ..) into its ring stage, one bulk copy a
+  // token: every warp copies as many rows every tile (the copies of one warp are issued one lane at a time).
+  constexpr int kShare = kBlockTokens / S::kWarps;  // 16 or 8
+  static_assert(kShare * S::kWarps == kBlockTokens && kShare <= 32, "a lane a token");
   const auto issue = [&](int tile) {
     const int stage = tile % kStages;
     const uint32_t bar = full + 8 * stage;
-    if (lane == 0) mbar_arrive_expect_tx(bar, kStageBytes);
+    if (lane == 0) mbar_arrive_expect_tx(bar, kShare * kTokenBytes);
     __syncwarp();
-#pragma unroll
-    for (int k = lane; k < kBlockTokens; k += 32) {
+    if (lane < kShare) {
+      const int k = warp * kShare + lane;
       const int id = ids[tile * kBlockTokens + k];
       const uint8_t* src = id >= 0 ? p.kv + static_cast<long long>(id) * kTokenBytes : g_zero_row;
       bulk_copy(smem_addr(ring + stage * kStageBytes + k * kTokenBytes), src, kTokenBytes, bar);
@@ -311,9 +324,7 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
   };
 
   __syncthreads();  // the ids and the barriers
-  if (warp == 0) {
-    for (int s = 0; s < kStages - 1 && s < tiles; ++s) issue(s);
-  }
+  for (int s = 0; s < kStages - 1 && s < tiles; ++s) issue(s);
 
   float acc[kChunks][4][4];  // [chunk q][n-tile i][fragment] (columns: the write below)
 #pragma unroll
@@ -364,8 +375,8 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
       reduce[(group * kNTiles + n) * 32 + lane] = make_float4(s[n][0], s[n][1], s[n][2], s[n][3]);
     }
     __syncthreads();  // every group's partial logits; every warp is done with the previous tile's stage
-    // The refill by each warp in turn, so that no one warp's copies delay the next barrier every tile.
-    if (warp == tile % S::kWarps && tile + kStages - 1 < tiles) issue(tile + kStages - 1);
+    // The refill, a share by every warp, so that no one warp's copies delay the next barrier.
+    if (tile + kStages - 1 < tiles) issue(tile + kStages - 1);
 
     // Whole logits, summed in one order by every warp of the head group; masked tokens -inf.
     const int* tile_ids = ids + tile * kBlockTokens;
@@ -383,10 +394,11 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
       }
       const bool valid0 = tile_ids[8 * n + 2 * c] >= 0;
       const bool valid1 = tile_ids[8 * n + 2 * c + 1] >= 0;
-      s[n][0] = valid0 ? sum.x * p.sm_scale_log2 : -INFINITY;
-      s[n][1] = valid1 ? sum.y * p.sm_scale_log2 : -INFINITY;
-      s[n][2] = valid0 ? sum.z * p.sm_scale_log2 : -INFINITY;
-      s[n][3] = valid1 ? sum.w * p.sm_scale_log2 : -INFINITY;
+      // Unscaled (sm_abs >= 0 commutes with the max: sm_abs * max rounds to the max of the products).
+      s[n][0] = valid0 ? sum.x : -INFINITY;
+      s[n][1] = valid1 ? sum.y : -INFINITY;
+      s[n][2] = valid0 ? sum.z : -INFINITY;
+      s[n][3] = valid1 ? sum.w : -INFINITY;
       tile_max[0] = fmaxf(tile_max[0], fmaxf(s[n][0], s[n][1]));
       tile_max[1] = fmaxf(tile_max[1], fmaxf(s[n][2], s[n][3]));
     }
@@ -395,7 +407,7 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
     float beta[2], inv_ref[2];
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
-      const float m_new = fmaxf(m_run[r], quad_max(tile_max[r]));
+      const float m_new = fmaxf(m_run[r], quad_max(tile_max[r]) * sm_abs);
       const float m_ref = m_new == -INFINITY ? 0.f : m_new;  // finite: exp2(-inf - m_ref) = 0, never NaN
       const float alpha = fast_exp2(m_run[r] - m_ref);
       m_run[r] = m_new;
@@ -404,16 +416,19 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
       for (int n = 0; n < kNTiles; ++n) {
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          const float pe = fast_exp2(s[n][2 * r + e] - m_ref);
+          const float pe = fast_exp2(fmaf(s[n][2 * r + e], sm_abs, -m_ref));  // one rounding, not two
           row_sum += pe;
           s[n][2 * r + e] = pe * scale[n][e];
           ps_max = fmaxf(ps_max, s[n][2 * r + e]);
         }
       }
       l_run[r] = l_run[r] * alpha + quad_sum(row_sum);
-      const float ref_new = fmaxf(ref[r] * alpha, quad_max(ps_max));
+      const float ref_kept = ref[r] * alpha;  // the old reference in the new maximum's units
+      const float ref_new = fmaxf(ref_kept, quad_max(ps_max));
       inv_ref[r] = ref_new > 0.f ? fast_rcp(ref_new) : 0.f;
-      beta[r] = ref[r] * alpha * inv_ref[r];
+      // Kept (the common case once the maxima settle): acc is already in its units, so beta is exactly
+      // 1 (ref_kept * rcp(ref_new) would be 1 only up to rcp's rounding, defeating the skip below).
+      beta[r] = ref_new == ref_kept ? 1.f : ref_kept * inv_ref[r];
       ref[r] = ref_new;
     }
 
@@ -609,7 +624,8 @@ int dsa_mma_mla_decode(const void* q_nope, long long q_nope_stride_t, long long 
                  static_cast<const __nv_bfloat16*>(q_pe), q_pe_stride_t, q_pe_stride_h,
                  static_cast<const uint8_t*>(kv), indices, indices_stride_t, topk_length, sink, topk, num_splits,
                  heads, sm_scale_log2, lse_scale, static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse,
-                 lse_stride_t, lse_stride_h, part_acc, part_m, part_l, cache_tokens, bad_index_count};
+                 lse_stride_t, lse_stride_h, part_acc, part_m, part_l, cache_tokens, bad_index_count,
+                 sm_scale_log2 == 0.f ? std::numeric_limits<float>::denorm_min() : std::fabs(sm_scale_log2)};
   return heads == 2 * kHeadsPerGroup ? launch<2>(p, num_tokens, stream) : launch<1>(p, num_tokens, stream);
 }
 
