@@ -36,6 +36,8 @@ MMA_CUDA = ["kernels/attention/mma_mla.cu", "kernels/attention/hopper_mla_ptx.cu
 # Every file of each bundle after main.py: the Python it runs (sorted), the tuned tables it reads, then the
 # CUDA it builds.
 ATTENTION_TABLE = "kernels/attention/tuned/triton_sparse_mla.json"
+HOPPER_TABLE = "kernels/attention/tuned/hopper_mla.json"
+MMA_TABLE = "kernels/attention/tuned/mma_mla.json"
 EXPECTED_FILES = {
     ("dsactl-indexer", "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py",
@@ -61,18 +63,18 @@ EXPECTED_FILES = {
         "kernels/__init__.py", "kernels/attention/alignment.py", "kernels/attention/dispatch.py",
         "kernels/attention/entries.py", "kernels/attention/hopper_mla.py", "kernels/attention/mma_mla.py",
         "kernels/attention/solution.py", "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py",
-        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", "kernels/tuned.py", ATTENTION_TABLE,
-        *HOPPER_CUDA, "kernels/attention/mma_mla.cu"],
+        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", "kernels/tuned.py", HOPPER_TABLE,
+        MMA_TABLE, ATTENTION_TABLE, *HOPPER_CUDA, "kernels/attention/mma_mla.cu"],
     ("dsactl-attention-hopper", "dsa_sparse_attention_h128_ckv512_kpe64_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/attention/alignment.py", "kernels/attention/dispatch.py",
         "kernels/attention/entries.py", "kernels/attention/hopper_mla.py", "kernels/attention/triton_sparse_mla.py",
         "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", "kernels/tuned.py",
-        ATTENTION_TABLE, *HOPPER_CUDA],
+        HOPPER_TABLE, ATTENTION_TABLE, *HOPPER_CUDA],
     ("dsactl-attention-mma-fp8kv-sink", "dsa_sparse_attention_h32_ckv512_kpe64_topk2048_ps64_fp8kv_sink"): [
         "kernels/__init__.py", "kernels/attention/alignment.py", "kernels/attention/entries.py",
         "kernels/attention/mma_mla.py", "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py",
-        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", "kernels/tuned.py", ATTENTION_TABLE,
-        *MMA_CUDA],
+        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", "kernels/tuned.py", MMA_TABLE,
+        ATTENTION_TABLE, *MMA_CUDA],
     ("torch-attention", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/torch_baseline.py",
         "kernels/fp8.py"],

@@ -13,6 +13,7 @@ import torch
 
 from dsactl.errors import DsactlError
 from dsactl.kernels import tuned
+from dsactl.kernels.attention import hopper_mla, mma_mla
 from dsactl.kernels.attention import triton_sparse_mla as tsm
 from dsactl.kernels.indexer import score
 from dsactl.tune import families, search, space, sweep
@@ -25,6 +26,9 @@ SMALL = "dsa_sparse_attention_h16_ckv512_kpe64_topk128_ps64"
 SMALL_BUCKET = tsm.tuning_bucket(2, 16, 128, False)
 TUNED_KNOBS = {"block_h": 16, "block_n": 32, "num_warps": 4, "num_stages": 1, "f16": False, "num_splits": 2}
 ATTENTION = families.get("attention-triton")
+# The CUDA attention kernels' split-count tables, each with a shape it serves: (tokens, heads, topk, fp8kv).
+SPLIT_KERNELS = [pytest.param(hopper_mla, (8, 64, 2048, True), id="hopper"),
+                 pytest.param(mma_mla, (8, 16, 2048, True), id="mma")]
 
 
 def _entry(bucket=SMALL_BUCKET, config=TUNED_KNOBS, gpu=H200):
@@ -122,6 +126,53 @@ def test_a_call_with_a_tuned_entry_still_matches_the_reference(attention_table, 
     assert used == [(tsm.Config(16, 32, 4, 1), 2)]
 
 
+def _splits(kernel, shape) -> int:
+    num_tokens, heads, topk, fp8kv = shape
+    device = torch.device("cpu")
+    if kernel is mma_mla:  # FP8 KV only
+        return kernel.launch_splits(num_tokens, heads, topk, device)
+    return kernel.launch_splits(num_tokens, heads, topk, fp8kv, device)
+
+
+@pytest.fixture
+def split_table(monkeypatch, tmp_path):
+    """A CUDA kernel's TUNED read from a file of the test's own, on a CPU device taken for an H200."""
+    def install(kernel):
+        path = tmp_path / f"{kernel.LIBRARY}.json"
+        monkeypatch.setattr(kernel, "TUNED", tuned.Table(path))
+        return path
+
+    monkeypatch.setattr(tsm, "device_identity", lambda device: H200)
+    return install
+
+
+@pytest.mark.parametrize("kernel, shape", SPLIT_KERNELS)
+def test_cuda_launchers_take_their_tables_split_count_and_fall_back(split_table, monkeypatch, kernel, shape):
+    num_tokens, heads, topk, fp8kv = shape
+    formula = kernel.num_splits_for(num_tokens, heads, topk, SMS)
+    tuned.write(split_table(kernel), kernel.LIBRARY, [_entry(tsm.tuning_bucket(*shape), {"num_splits": formula + 3})])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _splits(kernel, shape) == formula + 3
+        longer = (num_tokens * 8, heads, topk, fp8kv)  # another bucket of the same GPU: the formula
+        assert _splits(kernel, longer) == kernel.num_splits_for(num_tokens * 8, heads, topk, SMS)
+        monkeypatch.setattr(tsm, "device_identity", lambda device: ("NVIDIA B200", (10, 0)))
+        assert _splits(kernel, shape) == formula
+
+
+@pytest.mark.parametrize("kernel, shape", SPLIT_KERNELS)
+@pytest.mark.parametrize("config", [{"num_splits": 0}, {"num_splits": 65}, {"num_splits": 2.0}, {"num_splits": True},
+                                    {"num_splits": 2, "num_warps": 4}, {}])
+def test_cuda_split_entries_outside_the_combines_range_are_refused(split_table, kernel, shape, config):
+    tuned.write(split_table(kernel), kernel.LIBRARY, [_entry(tsm.tuning_bucket(*shape), config)])
+    formula = kernel.num_splits_for(*shape[:3], SMS)
+    with pytest.warns(RuntimeWarning, match="refused"):
+        assert _splits(kernel, shape) == formula
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _splits(kernel, shape) == formula
+
+
 def test_indexer_launcher_uses_the_matching_entry_and_falls_back(monkeypatch, tmp_path):
     path = tmp_path / "score.json"
     monkeypatch.setattr(score, "TUNED", tuned.Table(path))
@@ -162,6 +213,16 @@ def test_candidate_spaces_hold_the_hand_picked_choice_and_only_what_the_launcher
         score.tuned_config(k, 8, 4096, SMS)
     short = Workload("s", w.definition, "t", "passthrough", {**w.axes, "max_num_pages": 32}, {"seq_lens": (2048,)})
     assert space.bucket(indexer, short) is None
+    for kernel, name, heads in ((hopper_mla, "attention-hopper", 64), (mma_mla, "attention-mma", 16)):
+        calls = [Workload(f"s{t}", f"dsa_sparse_attention_h{heads}_ckv512_kpe64_topk2048_ps64_fp8kv", "t", "h",
+                          {"num_tokens": t, "num_pages": 64}) for t in (100, 128)]
+        family = families.get(name)
+        assert space.bucket(family, calls[1]) == tsm.tuning_bucket(128, heads, 2048, True)
+        found = space.candidates(family, calls, SMS)
+        formula = kernel.num_splits_for(128, heads, 2048, SMS)
+        assert found[0] is None and {"num_splits": formula} in found[1:] and {"num_splits": 1} in found[1:]
+        assert len(found) == len({k["num_splits"] for k in found[1:]}) + 1
+        assert all(tsm.tuned_splits(k, kernel.MAX_SPLITS) == k["num_splits"] for k in found[1:])
 
 
 class FakeTimer:
@@ -232,19 +293,22 @@ def test_a_winner_within_the_noise_or_a_failing_hand_picked_choice_writes_nothin
     assert sweep.entries([result(10.0, 9.9)], "c") == {}
 
 
-def test_plan_skips_what_the_triton_kernels_do_not_serve():
+def test_plan_tunes_each_call_with_the_kernel_the_dispatch_sends_it_to():
     from dsactl import workloads
 
     chosen = workloads.select("scale", None, "dsa_*")
     p = sweep.plan(chosen, search.Settings(), "c", (9, 0))
-    why = dict(p.skipped)
-    assert "hopper" in why["scale-attention-h128-t8-bf16"] and "mma" in why["scale-attention-h16-t8-fp8"]
-    assert "no tunable kernel" in why["scale-topk-r1-len2049-fp32"]
+    assert "no tunable kernel" in dict(p.skipped)["scale-topk-r1-len2049-fp32"]
+    family_of = {w: j.family for j in p.jobs for w in (x.uuid for x in j.workloads)}
+    assert family_of["scale-attention-h128-t8-bf16"] == "attention-hopper"
+    assert family_of["scale-attention-h16-t8-fp8"] == "attention-mma"
+    assert family_of["scale-attention-h16-t8-bf16"] == "attention-triton"
     buckets = {(j.family, j.bucket) for j in p.jobs}
     assert ("attention-triton", tsm.tuning_bucket(8, 16, 2048, False)) in buckets
+    assert ("attention-hopper", tsm.tuning_bucket(128, 64, 2048, True)) in buckets
     assert ("indexer-score", score.tuning_bucket(32, 1, 64, 32768)) in buckets
-    cpu = sweep.plan(chosen, search.Settings(), "c", None)
-    assert not any("kernel serves it here" in why for _, why in cpu.skipped)
+    cpu = sweep.plan(chosen, search.Settings(), "c", None)  # no GPU: the Triton kernel serves every call
+    assert {j.family for j in cpu.jobs} == {"attention-triton", "indexer-score"}
 
 
 def test_tune_runs_each_bucket_as_an_executor_job_and_renders(monkeypatch, capsys):
@@ -331,3 +395,27 @@ def test_tune_on_the_gpu_finds_a_config_at_least_as_fast_and_the_dispatcher_uses
     result = runner.verify_pair(runner.Candidate("tuned", fn=search.solution_for(w.definition).load()), w, 1)
     assert result.status == runner.PASSED, result.problems
     assert used and all(u == expected for u in used)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kernel, shape", SPLIT_KERNELS)
+def test_gpu_cuda_launchers_run_the_tuned_split_count_and_still_verify(kernel, shape, tmp_path, monkeypatch):
+    """An entry for this GPU's bucket sets the split count of a call the dispatch sends to the CUDA kernel."""
+    from dsactl.verify import runner
+
+    if not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)):
+        pytest.skip("the dispatch sends these calls to the CUDA kernels on compute capability 9.0")
+    num_tokens, heads, topk, fp8kv = shape
+    definition = f"dsa_sparse_attention_h{heads}_ckv512_kpe64_topk{topk}_ps64{'_fp8kv' if fp8kv else ''}"
+    splits = kernel.num_splits_for(num_tokens, heads, topk, torch.cuda.get_device_properties(0).multi_processor_count) + 3
+    identity = tuned.device_identity(torch.device("cuda:0"))
+    path = tmp_path / f"{kernel.LIBRARY}.json"
+    tuned.write(path, kernel.LIBRARY, [tuned.Entry(*identity, tsm.tuning_bucket(*shape), {"num_splits": splits})])
+    monkeypatch.setattr(kernel, "TUNED", tuned.Table(path))
+    used = []
+    partials = tsm.split_partials
+    monkeypatch.setattr(tsm, "split_partials", lambda device, t, s, *a: used.append(s) or partials(device, t, s, *a))
+    w = Workload("w", definition, "t", "h", {"num_tokens": num_tokens, "num_pages": 64})
+    result = runner.verify_pair(runner.Candidate("tuned", fn=search.solution_for(definition).load()), w, 1)
+    assert result.status == runner.PASSED, result.problems
+    assert used and set(used) == {splits}

@@ -19,6 +19,9 @@ class Family:
     module: str  # the kernel module under kernels/, whose TUNED table it fills
     definitions: str  # fnmatch pattern over definition names
     knobs: str  # what a candidate varies, for `dsactl list` and the docs
+    # The attention dispatch's name for the kernel (kernels/attention/dispatch.py): a definition's workload
+    # is tuned by the family of the kernel that serves it on the GPU; "" outside the attention.
+    implementation: str = ""
 
     @property
     def table_path(self) -> Path:
@@ -31,14 +34,19 @@ class Family:
 
 FAMILIES = (
     Family("attention-triton", "attention.triton_sparse_mla", "dsa_sparse_attention_*",
-           "block_n, num_warps, num_stages, num_splits"),
+           "block_n, num_warps, num_stages, num_splits", "triton"),
+    Family("attention-hopper", "attention.hopper_mla", "dsa_sparse_attention_*", "num_splits", "hopper"),
+    Family("attention-mma", "attention.mma_mla", "dsa_sparse_attention_*", "num_splits", "mma"),
     Family("indexer-score", "indexer.score", "dsa_topk_indexer_*",
            "block_n, num_warps, num_stages, programs_per_sm"),
 )
 
 
-def for_definition(definition: str) -> Family | None:
-    return next((f for f in FAMILIES if fnmatch(definition, f.definitions)), None)
+def for_definition(definition: str, implementation: str = "triton") -> Family | None:
+    """The family that tunes a definition's calls; for the attention, that of the kernel the dispatch sends
+    them to (the Triton kernel unless named)."""
+    return next((f for f in FAMILIES if fnmatch(definition, f.definitions) and f.implementation in
+                 (implementation, "")), None)
 
 
 def get(name: str) -> Family:

@@ -85,7 +85,8 @@ class BucketResult:
 
 
 def solution_for(definition: str) -> solutions.Solution:
-    """The shipped Triton solution of a definition: the entry whose launcher reads the table."""
+    """The shipped Triton solution of a definition: the entry whose launchers read the tables (the
+    attention's dispatches to the CUDA kernels too)."""
     found = [s for s in solutions.for_definition(definition) if s.language == "triton"]
     if len(found) != 1:
         raise DsactlError(f"{definition}: {len(found)} Triton solutions serve it, tune needs one")

@@ -4,7 +4,9 @@ The space is small on purpose: the hand-picked configuration of a bucket's large
 knob moved one step either way with the others held (block_n halved and doubled, the other warp count,
 one stage fewer and more, the split count halved and doubled; the indexer: the other step, warps, a
 stage either way, the next residency either way), plus the attention's other hand-picked configurations
-for its head count. A candidate the launcher would refuse (tuned_launch / tuned_config) is left out.
+for its head count; the CUDA attention kernels' split count: the formula's, one either way, halved,
+doubled and 1. A candidate the launcher would refuse (tuned_launch / tuned_config / tuned_splits) is
+left out.
 A candidate is a dict of the launcher's knobs; None is the hand-picked choice itself, per call.
 """
 
@@ -35,7 +37,7 @@ def _indexer_shape(w: Workload) -> tuple[int, int, int, int, int]:
 def bucket(family: Family, w: Workload) -> str | None:
     """The workload's bucket in the family's table; None where the family's kernel never runs on it
     (an indexer call whose rows all fit in topk takes the passthrough)."""
-    if family.name == "attention-triton":
+    if family.implementation:
         from dsactl.kernels.attention import triton_sparse_mla as tsm
 
         return tsm.tuning_bucket(*_attention_shape(w))
@@ -63,6 +65,19 @@ def _attention_candidates(workloads: list[Workload], num_sms: int) -> list[Knobs
     found += [knobs(base, s) for s in (base_splits // 2, base_splits * 2) if s >= 1]
     found += [knobs(cfg) for cfg in tsm.configs(heads, fp8kv) if cfg != base]
     return _accepted(found, lambda k: tsm.tuned_launch(k, heads, topk, fp8kv))
+
+
+def _split_candidates(module: str, workloads: list[Workload], num_sms: int) -> list[Knobs]:
+    """A CUDA kernel's one knob: the formula's split count, one either way, halved, doubled, and 1."""
+    import importlib
+
+    from dsactl.kernels.attention import triton_sparse_mla as tsm
+
+    kernel = importlib.import_module(f"dsactl.kernels.{module}")
+    num_tokens, heads, topk, _ = max(_attention_shape(w) for w in workloads)
+    base = kernel.num_splits_for(num_tokens, heads, topk, num_sms)
+    found = [{"num_splits": s} for s in (base, base - 1, base + 1, base // 2, base * 2, 1)]
+    return _accepted(found, lambda k: tsm.tuned_splits(k, kernel.MAX_SPLITS))
 
 
 def _indexer_candidates(workloads: list[Workload], num_sms: int) -> list[Knobs]:
@@ -99,8 +114,12 @@ def candidates(family: Family, workloads: list[Workload], num_sms: int) -> list[
     """The hand-picked choice (None) first, then the distinct explicit candidates of the bucket's largest
     workload. The hand-picked knobs written out are a candidate too unless every workload of the bucket
     has that shape (then they are the hand-picked choice itself)."""
-    make = _attention_candidates if family.name == "attention-triton" else _indexer_candidates
-    found = make(workloads, num_sms)
+    if family.name == "attention-triton":
+        found = _attention_candidates(workloads, num_sms)
+    elif family.implementation:
+        found = _split_candidates(family.module, workloads, num_sms)
+    else:
+        found = _indexer_candidates(workloads, num_sms)
     one_shape = len({bucket_shape(family, w) for w in workloads}) == 1
     distinct = []
     for i, k in enumerate(found):
@@ -110,7 +129,7 @@ def candidates(family: Family, workloads: list[Workload], num_sms: int) -> list[
 
 
 def bucket_shape(family: Family, w: Workload) -> tuple:
-    return _attention_shape(w) if family.name == "attention-triton" else _indexer_shape(w)
+    return _attention_shape(w) if family.implementation else _indexer_shape(w)
 
 
 def table(family: Family):

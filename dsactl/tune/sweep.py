@@ -41,19 +41,18 @@ class Plan:
     skipped: list[tuple[str, str]] = field(default_factory=list)  # (workload, why it is not tuned)
 
 
-def _served_elsewhere(family: families.Family, w: Workload, capability: tuple[int, int] | None) -> str | None:
-    """The implementation the attention dispatch sends w to on this GPU when it is not the Triton kernel
-    (its shapes taken as aligned and its CUDA libraries as built: those are what a serving call has)."""
-    if family.name != "attention-triton":
-        return None
+def _implementation(w: Workload, capability: tuple[int, int] | None) -> str:
+    """The attention kernel the dispatch sends w to on this GPU (its shapes taken as aligned and its CUDA
+    libraries as built: those are what a serving call has); "triton" off a GPU and outside the attention."""
     from dsactl.definitions import get
     from dsactl.kernels.attention import dispatch
 
     p = get(w.definition).params
-    chosen = dispatch.implementation_for(p["heads"], capability, fp8kv=p["fp8kv"], num_tokens=w.axes["num_tokens"],
-                                         topk_length=p["has_topk_length"], sink=p["has_sink"],
-                                         fits={dispatch.HOPPER, dispatch.MMA} if capability else set())
-    return None if chosen == dispatch.TRITON else chosen
+    if "fp8kv" not in p:  # not an attention definition
+        return dispatch.TRITON
+    return dispatch.implementation_for(p["heads"], capability, fp8kv=p["fp8kv"], num_tokens=w.axes["num_tokens"],
+                                       topk_length=p["has_topk_length"], sink=p["has_sink"],
+                                       fits={dispatch.HOPPER, dispatch.MMA} if capability else set())
 
 
 def plan(workloads: Sequence[Workload], settings: Settings, command: str,
@@ -62,13 +61,9 @@ def plan(workloads: Sequence[Workload], settings: Settings, command: str,
     out = Plan()
     groups: dict[tuple[str, str], list[Workload]] = {}
     for w in workloads:
-        family = families.for_definition(w.definition)
+        family = families.for_definition(w.definition, _implementation(w, capability))
         if family is None:
             out.skipped.append((w.uuid, "no tunable kernel serves its definition"))
-            continue
-        elsewhere = _served_elsewhere(family, w, capability)
-        if elsewhere:
-            out.skipped.append((w.uuid, f"the {elsewhere} kernel serves it here, not the Triton kernel"))
             continue
         bucket = space.bucket(family, w)
         if bucket is None:

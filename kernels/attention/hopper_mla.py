@@ -42,6 +42,7 @@ from ..cuda_library import load_library
 from ..errors import KernelBuildError, KernelError, KernelInputError
 from ..fp8 import MLA_TOKEN_BYTES
 from . import triton_sparse_mla as tsm
+from ..tuned import Table, table_path
 from .alignment import check_aligned
 from .dispatch import HOPPER_CAPABILITY, HOPPER_HEADS
 from .entries import Variant, entries
@@ -103,6 +104,16 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
     (3.5 us over no merge at h64 T=1, H200); the term still counts partials there. Without it the
     picks at topk 2048 would change only at h128 T=154-165 and T=199-206 (1 -> 2 splits), unmeasured."""
     return tsm.num_splits_for(num_tokens, heads, topk, TILE, num_sms, PARTIAL_TILES)
+
+
+# `dsactl tune`'s table (kernels/tuned.py): per GPU and shape bucket, the split count that beat the formula.
+TUNED = Table(table_path(__file__))
+
+
+def launch_splits(num_tokens: int, heads: int, topk: int, fp8kv: bool, device: torch.device) -> int:
+    """Splits of a launch: this GPU's tuned entry for the call's bucket, else num_splits_for()."""
+    return tsm.launch_splits(TUNED, num_tokens, heads, topk, fp8kv, device, MAX_SPLITS,
+                             lambda num_sms: num_splits_for(num_tokens, heads, topk, num_sms))
 
 
 def groups(heads: int) -> int:
@@ -228,7 +239,7 @@ def sparse_mla_attention(
     if num_tokens == 0:
         return
     num_sms = tsm._num_sms(device)
-    splits = num_splits or num_splits_for(num_tokens, heads, topk, num_sms)
+    splits = num_splits or launch_splits(num_tokens, heads, topk, fp8kv, device)
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
     in_cluster = merges_in_cluster(splits, heads, fp8kv) if reduce_in_cluster is None else reduce_in_cluster
     _check(not in_cluster or splits == CLUSTER_SPLITS,

@@ -24,6 +24,7 @@ from ..bad_index import checking
 from ..cuda_library import load_library
 from ..errors import KernelBuildError, KernelError, KernelInputError
 from . import triton_sparse_mla as tsm
+from ..tuned import Table, table_path
 from .alignment import check_aligned
 from .entries import Variant, entries
 
@@ -58,6 +59,16 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
     cta = tsm.Config(block_h=heads, block_n=BLOCK_TOKENS, num_warps=4 * groups, num_stages=1)
     return tsm.num_splits_for(num_tokens, heads, topk, cta, num_sms * CTAS_PER_SM[heads],
                               PARTIAL_TILES_PER_GROUP * groups)
+
+
+# `dsactl tune`'s table (kernels/tuned.py): per GPU and shape bucket, the split count that beat the formula.
+TUNED = Table(table_path(__file__))
+
+
+def launch_splits(num_tokens: int, heads: int, topk: int, device: torch.device) -> int:
+    """Splits of a launch: this GPU's tuned entry for the call's bucket (FP8 KV), else num_splits_for()."""
+    return tsm.launch_splits(TUNED, num_tokens, heads, topk, True, device, MAX_SPLITS,
+                             lambda num_sms: num_splits_for(num_tokens, heads, topk, num_sms))
 
 
 @lru_cache(maxsize=None)
@@ -143,7 +154,7 @@ def sparse_mla_attention(
         tsm.check_ids_in_cache(sparse_indices, topk_length, tokens_in_cache, WHO)
     if num_tokens == 0:
         return
-    splits = num_splits or num_splits_for(num_tokens, heads, topk, tsm._num_sms(device))
+    splits = num_splits or launch_splits(num_tokens, heads, topk, device)
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
     lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
     partials = tsm.split_partials(device, num_tokens, splits, heads) if splits > 1 else (None, None, None)

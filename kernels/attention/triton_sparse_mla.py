@@ -35,6 +35,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import triton
@@ -649,6 +650,28 @@ def launch_plan(num_tokens: int, heads: int, topk: int, fp8kv: bool, device: tor
     return TUNED.choose(device_identity(device), tuning_bucket(num_tokens, heads, topk, fp8kv),
                         lambda knobs: tuned_launch(knobs, heads, topk, fp8kv),
                         lambda: hand_picked(num_tokens, heads, topk, fp8kv, _num_sms(device)), KernelInputError)
+
+
+# The CUDA kernels' tables (hopper_mla, mma_mla) tune one knob, the split count.
+SPLIT_KNOBS = ("num_splits",)
+
+
+def tuned_splits(knobs: dict, max_splits: int) -> int:
+    """A split-count table entry's splits, else KernelInputError."""
+    _check(sorted(knobs) == list(SPLIT_KNOBS), f"a tuned entry names the knob {SPLIT_KNOBS[0]} only")
+    splits = knobs["num_splits"]
+    _check(type(splits) is int and 1 <= splits <= max_splits,
+           f"num_splits must be an integer in [1, {max_splits}], got {splits!r}")
+    return splits
+
+
+def launch_splits(table: Table, num_tokens: int, heads: int, topk: int, fp8kv: bool, device: torch.device,
+                  max_splits: int, hand_picked: Callable[[int], int]) -> int:
+    """The split count of a CUDA kernel's launch: this GPU's entry in `table` for the call's bucket, else
+    hand_picked(number of SMs)."""
+    return table.choose(device_identity(device), tuning_bucket(num_tokens, heads, topk, fp8kv),
+                        lambda knobs: tuned_splits(knobs, max_splits), lambda: hand_picked(_num_sms(device)),
+                        KernelInputError)
 
 
 @dataclass(frozen=True)
