@@ -54,6 +54,8 @@ def test_step_inputs_share_one_page_table_and_draw_caches_in_chunks(monkeypatch)
     for cache in (inputs["k_index_cache_fp8"], inputs["kv_cache"]):
         per_page = cache.view(num_pages, -1).abs().sum(dim=1)
         assert bool((per_page > 0).all()), "every page is drawn, the last chunk's included"
+    scales = inputs["kv_cache"].view(torch.uint8)[..., 512:528].contiguous().view(torch.float32)
+    assert torch.equal(scales, torch.exp2(torch.log2(scales).round())), "ue8m0 scales, as the model writes"
     lengths = inputs["seq_lens"].tolist()
     assert all(1 <= s <= 700 for s in lengths)
     again = si.step_inputs(step, seed=4)

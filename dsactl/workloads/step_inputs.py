@@ -2,7 +2,8 @@
 
 A page id names the same 64 tokens in the indexer's FP8 K cache and in the MLA KV cache, so the ids the
 indexer selects are rows of the attention's cache. Values are seeded and non-zero; the pages are shuffled
-and a few pages no request names hold values too. Caches are drawn in chunks of pages, so a serving-sized
+and a few pages no request names hold values too. The FP8 MLA cache has power-of-two (ue8m0) scales, as
+DeepSeek V3.2 writes its cache. Caches are drawn in chunks of pages, so a serving-sized
 step (128 requests x 128K tokens: 262K pages, 11 GB of FP8 KV) never holds its float32 values at once.
 """
 
@@ -16,6 +17,7 @@ import torch
 from dsactl.fp8 import PAGE_SIZE, quantize_index_k, quantize_mla_kv
 
 SM_SCALE = 1.0 / math.sqrt(576)  # 1 / sqrt(d_qk), as the model's
+KV_SCALES = "ue8m0"  # the FP8 MLA cache's scales (fp8.MLA_SCALE_FORMATS), as the model's
 SPARE_PAGES = 3  # pages no request names
 CHUNK_PAGES = 4096  # pages drawn at once: 4096 x 64 x 576 float32 values are 604 MB
 INDEX_NAMES = ("q_index_fp8", "k_index_cache_fp8", "weights", "seq_lens", "block_table")
@@ -68,7 +70,7 @@ def step_inputs(step: Any, seed: int, seq_lens: list[int] | None = None) -> dict
         count = pages.stop - pages.start
         ckv, kpe = _randn((count, PAGE_SIZE, 512), g), _randn((count, PAGE_SIZE, 64), g)
         if fp8:
-            inputs["kv_cache"][pages] = quantize_mla_kv(ckv, kpe)
+            inputs["kv_cache"][pages] = quantize_mla_kv(ckv, kpe, KV_SCALES)
         else:
             inputs["ckv_cache"][pages], inputs["kpe_cache"][pages] = ckv, kpe
     return inputs
