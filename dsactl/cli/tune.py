@@ -1,4 +1,4 @@
-"""dsactl tune: search the Triton kernels' launch knobs per shape bucket and write the per-GPU tables."""
+"""dsactl tune: search the kernels' launch knobs per shape bucket and write the per-GPU tables."""
 
 from __future__ import annotations
 
