@@ -41,8 +41,8 @@ from ..bad_index import checking
 from ..cuda_library import load_library
 from ..errors import KernelBuildError, KernelError, KernelInputError
 from ..fp8 import MLA_TOKEN_BYTES
-from . import triton_sparse_mla as tsm
 from ..tuned import Table, table_path
+from . import triton_sparse_mla as tsm
 from .alignment import check_aligned
 from .dispatch import HOPPER_CAPABILITY, HOPPER_HEADS
 from .entries import Variant, entries

@@ -23,8 +23,8 @@ import torch
 from ..bad_index import checking
 from ..cuda_library import load_library
 from ..errors import KernelBuildError, KernelError, KernelInputError
-from . import triton_sparse_mla as tsm
 from ..tuned import Table, table_path
+from . import triton_sparse_mla as tsm
 from .alignment import check_aligned
 from .entries import Variant, entries
 
