@@ -114,13 +114,13 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     fake = 1 << 20  # an aligned address that is never dereferenced: every call below fails its checks first
 
     def call(heads=16, topk=2048, splits=1, num_tokens=2, q_stride=576, token_stride=None, q=fake, kv=fake,
-             out=fake, parts=(fake, fake, fake), cache_tokens=4096, bad_count=fake):
+             out=fake, parts=(fake, fake, fake), cache_tokens=4096, bad_count=fake, in_cluster=0):
         token_stride = q_stride * heads if token_stride is None else token_stride
         return lib.dsa_mma_mla_decode(q, token_stride, q_stride, fake, token_stride, q_stride, kv, fake, topk,
-                                      None, None, num_tokens, heads, topk, splits, 1.0, 1.0, out, 512 * heads, 512,
-                                      fake, heads, 1, *parts, cache_tokens, bad_count, None)
+                                      None, None, num_tokens, heads, topk, splits, in_cluster, 1.0, 1.0, out,
+                                      512 * heads, 512, fake, heads, 1, *parts, cache_tokens, bad_count, None)
 
-    bad_shape, bad_alignment, null, unsupported_arch = -1, -2, -3, -4
+    bad_shape, bad_alignment, null, unsupported_arch, bad_cluster = -1, -2, -3, -4, -5
     assert call(heads=64) == bad_shape and call(heads=8) == bad_shape and call(heads=128) == bad_shape
     assert call(topk=0) == bad_shape and call(topk=4096) == bad_shape and call(topk=mma_mla.MAX_TOPK + 1) == bad_shape
     assert call(splits=0) == bad_shape and call(splits=mma_mla.MAX_SPLITS + 1) == bad_shape
@@ -137,11 +137,17 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     assert call(q=fake + 8) == bad_alignment and call(kv=fake + 8) == bad_alignment
     assert call(out=fake + 2) == bad_alignment and call(splits=2, parts=(fake + 4, fake, fake)) == bad_alignment
     assert call(cache_tokens=0, q_stride=580) == bad_alignment  # an empty cache is valid: every id is masked
+    # Splits merged in a cluster: 2 to 8 of them, and no partials needed.
+    for splits in (1, mma_mla.MAX_CLUSTER_SPLITS + 1, 64):
+        assert call(splits=splits, in_cluster=1) == bad_cluster
+    for splits in (2, mma_mla.MAX_CLUSTER_SPLITS):
+        assert call(splits=splits, in_cluster=1, parts=(None, None, None), q_stride=580) == bad_alignment
     messages = {code: lib.dsa_mma_mla_error_string(code).decode()
-                for code in (bad_shape, bad_alignment, null, unsupported_arch)}
+                for code in (bad_shape, bad_alignment, null, unsupported_arch, bad_cluster)}
     assert "heads must be 16 or 32" in messages[bad_shape] and f"topk in [1, {mma_mla.MAX_TOPK}]" in messages[bad_shape]
     assert "16-byte aligned" in messages[bad_alignment] and "null" in messages[null]
     assert "compute capability 9.0" in messages[unsupported_arch]
+    assert "2 to 8" in messages[bad_cluster]
     assert lib.dsa_mma_mla_error_string(0).decode() == "ok"
     assert lib.dsa_mma_mla_error_string(-99).decode() == "unknown error"
 
@@ -430,6 +436,44 @@ def test_gpu_any_split_count_is_exact(heads, num_splits, suffix):
     definition = _definition(heads, 2048, suffix)
     inputs = case_inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
     assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
+
+
+@pytest.mark.gpu
+@on_gpu
+@pytest.mark.parametrize("heads", mma_mla.HEADS)
+@pytest.mark.parametrize("num_splits", [2, 5, mma_mla.MAX_CLUSTER_SPLITS])
+@pytest.mark.parametrize("suffix", ["_fp8kv", "_fp8kv_lsee_topklen_sink"])
+def test_gpu_splits_merged_in_a_cluster_match_the_combine(heads, num_splits, suffix):
+    """The splits of a token merged in their cluster against the
+    reference and against the combine kernel's merge of the same splits; rows full, short enough to leave
+    splits empty, and empty."""
+    definition = _definition(heads, 2048, suffix)
+    inputs = case_inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
+    merged = _call(definition, inputs, num_splits, reduce_in_cluster=True)
+    assert_matches_reference(definition, inputs, merged)
+    _assert_empty(merged, [2])
+    combined = _call(definition, inputs, num_splits, reduce_in_cluster=False)
+    assert torch.allclose(merged["output"].float(), combined["output"].float(), rtol=2**-6, atol=2**-6)
+    assert torch.allclose(merged["lse"], combined["lse"], rtol=1e-5, atol=1e-5)
+    for splits in (1, mma_mla.MAX_CLUSTER_SPLITS + 1):
+        with pytest.raises(KernelInputError, match=rf"must number 2 to {mma_mla.MAX_CLUSTER_SPLITS}, got {splits}"):
+            _call(definition, inputs, splits, reduce_in_cluster=True)
+
+
+@pytest.mark.gpu
+@on_gpu
+def test_gpu_by_default_two_splits_merge_in_their_cluster_and_more_by_the_combine(monkeypatch):
+    """CLUSTER_DEFAULT_SPLITS splits merge in their cluster unless the call says otherwise; any other split
+    count goes through the combine kernel."""
+    definition = _definition(16, 2048)
+    inputs = case_inputs(definition, 4, 128, "cuda", seed=3, pattern="scattered")
+    combines = []
+    combine = mma_mla.tsm.combine
+    monkeypatch.setattr(mma_mla.tsm, "combine", lambda *args: (combines.append(args[6]), combine(*args)))
+    for splits in (mma_mla.CLUSTER_DEFAULT_SPLITS, mma_mla.CLUSTER_DEFAULT_SPLITS + 1):
+        assert_matches_reference(definition, inputs, _call(definition, inputs, splits))
+    _call(definition, inputs, mma_mla.CLUSTER_DEFAULT_SPLITS, reduce_in_cluster=False)
+    assert combines == [mma_mla.CLUSTER_DEFAULT_SPLITS + 1, mma_mla.CLUSTER_DEFAULT_SPLITS]
 
 
 @pytest.mark.gpu

@@ -12,9 +12,10 @@
 //   sink [H] fp32 (nullable): the output is scaled by 1 / (1 + exp(sink[h] - lse_e)); lse is not.
 //   Split s of S takes the row positions s, s + S, s + 2S, ... (as the Triton kernel, whose combine
 //     kernel reduces the partials).
-//   S == 1: output [T, H, 512] bf16 = softmax(sm_scale * q.k) . ckv and lse [T, H] fp32
+//   S == 1, or reduce_in_cluster (2 <= S <= 8: the splits of a token are one cluster, merged in it):
+//     output [T, H, 512] bf16 = softmax(sm_scale * q.k) . ckv and lse [T, H] fp32
 //     (lse_scale 1: base 2; 1/log2(e): base e); a row with no valid id gives 0 and -inf.
-//   S > 1: fp32 partials, row (t * S + s) * H + h: part_acc [., 512] unnormalized output, part_m [.]
+//   else S > 1: fp32 partials, row (t * S + s) * H + h: part_acc [., 512] unnormalized output, part_m [.]
 //     running max and part_l [.] running sum of the log2-domain logits (empty: -inf, 0).
 //
 // Why this shape: at 16 heads a gathered 656-byte token feeds 16 x 1088 x 2 FLOPs (~53 FLOP a byte),
@@ -78,8 +79,12 @@ constexpr int kChunks = 4;                    // the 4 x 4 n-tiles of a warp's 1
 constexpr int kStageBytes = kBlockTokens * kTokenBytes;  // 41,984
 constexpr int kMaxTopk = 2048;
 constexpr int kMaxSplits = 64;     // the Triton combine's largest split count (MAX_SPLITS)
+// Splits merged in a cluster instead of by the combine kernel: at most a portable cluster's 8 CTAs.
+constexpr int kMaxClusterSplits = 8;
 constexpr int kMaxTokens = 65535;  // tokens are the grid's z dimension
 constexpr int kIdsBytes = kMaxTopk * 4;
+// Whether the 32 ids of each half tile hold a -1: a tile without one skips the masking of its logits.
+constexpr int kMaskedFlagsBytes = kMaxTopk / 32 * 4;
 constexpr int kReduceBytes = kGroupWarps * kNTiles * 32 * 16;  // a head group's partial logits, a float4 a lane
 // Q's per-row power of two puts its largest value in [2^kQTopExp, 2^(kQTopExp + 1)): under fp16's 65504.
 constexpr int kQTopExp = 14;
@@ -98,7 +103,8 @@ struct Shape {
   static constexpr int kCtasPerSm = kHeadGroups == 1 ? 2 : 1;
   static constexpr int kStages = kHeadGroups == 1 ? 2 : 4;
   static constexpr int kRingBytes = kStages * kStageBytes;
-  static constexpr int kReduceOffset = kRingBytes + kIdsBytes;
+  static constexpr int kFlagsOffset = kRingBytes + kIdsBytes;
+  static constexpr int kReduceOffset = kFlagsOffset + kMaskedFlagsBytes;
   // Barriers: full[stage], then reduce_free[head group] (its partial logits were read by all its threads).
   static constexpr int kBarrierOffset = kReduceOffset + kHeadGroups * kReduceBytes;
   static constexpr int kSmemBytes = kBarrierOffset + (kStages + kHeadGroups) * 8;
@@ -109,7 +115,7 @@ static_assert(kTokenBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
 static_assert(kScaleOffset == kCkvDim && kKpeOffset == kScaleOffset + 4 * kGroups, "the 656-byte token layout");
 static_assert(kGroupDim == 128 && kKpeDim == 16 * kGroupWarps, "the fragment permutations below");
 static_assert(kMaxTopk % kBlockTokens == 0, "the ids buffer holds whole tiles");
-static_assert(kBlockTokens % 32 == 0, "the lanes of warp 0 copy a tile's tokens");
+static_assert(kBlockTokens % 32 == 0, "a warp's 32 consecutive ids lie in one tile (the masked flags)");
 
 // A masked token's row: zeros, so its logit inputs are finite and its P (0) multiplies zeros.
 __device__ __align__(16) uint8_t g_zero_row[kTokenBytes];
@@ -136,11 +142,15 @@ struct Params {
   long long cache_tokens;
   int* bad_index_count;
   float sm_abs;  // |sm_scale_log2|, 0 as the smallest denormal (the kernel's logit scaling, see row_up)
+  int reduce_in_cluster;  // the num_splits splits of a (token, head block) are one cluster: merged here
 };
 
 // ---- PTX -----------------------------------------------------------------------------------------
 // The shared-memory address and mbarrier wrappers of the Hopper kernel's header; the rest here.
+using hopper_mla::cluster_sync;
 using hopper_mla::fence_mbarrier_init_cluster;
+using hopper_mla::ld_cluster_v4_f32;
+using hopper_mla::mapa_shared;
 using hopper_mla::mbar_arrive;
 using hopper_mla::mbar_arrive_expect_tx;
 using hopper_mla::mbar_init;
@@ -222,6 +232,7 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
   int* ids = reinterpret_cast<int*>(smem + S::kRingBytes);
+  int* half_masked = reinterpret_cast<int*>(smem + S::kFlagsOffset);  // [tile * 2 + half]
   const uint32_t full = smem_addr(smem + S::kBarrierOffset);  // full[stage] at + 8 * stage
 
   const int split = blockIdx.y;
@@ -238,6 +249,8 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
 
   // The split's ids, once: positions split, split + S, ... below the row's length; an id outside the
   // cache becomes -1 here, the one place ids enter (counted by the CTAs of the first head groups only).
+  // Each warp's 32 ids (j warp-uniform per pass: kThreads and tiles * kBlockTokens are multiples of 32)
+  // are one half tile, whose flag says whether any is -1.
   const int n_valid = p.topk_length == nullptr ? p.topk : max(min(p.topk_length[t], p.topk), 0);
   const int n_mine = (n_valid - split + p.num_splits - 1) / p.num_splits;  // >= 0 as split < num_splits
   const int tiles = (n_mine + kBlockTokens - 1) / kBlockTokens;
@@ -252,6 +265,8 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
       id = outside ? -1 : id;
     }
     ids[j] = id;
+    const bool any_masked = __any_sync(0xFFFFFFFFu, id < 0);
+    if (lane == 0) half_masked[j / 32] = any_masked;
   }
   if (bad > 0 && blockIdx.x == 0) atomicAdd(p.bad_index_count, bad);
   if (threadIdx.x < kStages) mbar_init(full + 8 * threadIdx.x, S::kWarps);  // each warp copies a share
@@ -378,9 +393,8 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
     // The refill, a share by every warp, so that no one warp's copies delay the next barrier.
     if (tile + kStages - 1 < tiles) issue(tile + kStages - 1);
 
-    // Whole logits, summed in one order by every warp of the head group; masked tokens -inf.
-    const int* tile_ids = ids + tile * kBlockTokens;
-    float tile_max[2] = {-INFINITY, -INFINITY};
+    // Whole logits, summed in one order by every warp of the head group. Unscaled (sm_abs >= 0 commutes
+    // with the max: sm_abs * max rounds to the max of the products).
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
       float4 sum = reduce[n * 32 + lane];
@@ -392,13 +406,25 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
         sum.z += part.z;
         sum.w += part.w;
       }
-      const bool valid0 = tile_ids[8 * n + 2 * c] >= 0;
-      const bool valid1 = tile_ids[8 * n + 2 * c + 1] >= 0;
-      // Unscaled (sm_abs >= 0 commutes with the max: sm_abs * max rounds to the max of the products).
-      s[n][0] = valid0 ? sum.x : -INFINITY;
-      s[n][1] = valid1 ? sum.y : -INFINITY;
-      s[n][2] = valid0 ? sum.z : -INFINITY;
-      s[n][3] = valid1 ? sum.w : -INFINITY;
+      s[n][0] = sum.x;
+      s[n][1] = sum.y;
+      s[n][2] = sum.z;
+      s[n][3] = sum.w;
+    }
+    // Masked tokens -inf, only in a tile that has one (the same branch in every thread of the CTA).
+    if (half_masked[2 * tile] | half_masked[2 * tile + 1]) {
+      const int* tile_ids = ids + tile * kBlockTokens;
+#pragma unroll
+      for (int n = 0; n < kNTiles; ++n) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          if (tile_ids[8 * n + 2 * c + e] < 0) s[n][e] = s[n][2 + e] = -INFINITY;
+        }
+      }
+    }
+    float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+    for (int n = 0; n < kNTiles; ++n) {
       tile_max[0] = fmaxf(tile_max[0], fmaxf(s[n][0], s[n][1]));
       tile_max[1] = fmaxf(tile_max[1], fmaxf(s[n][2], s[n][3]));
     }
@@ -481,56 +507,117 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
     }
   }
 
-  // Write: the final output with one split, else the fp32 partial (unnormalized, in absolute units).
-  // acc[q][i][e] is row g (e < 2) or g + 8, column 32c + 16 (e % 2) + 4q + i of the group: a thread
-  // holds 32 consecutive columns of each of its rows.
-  const bool final_output = p.num_splits == 1;
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int head = head0 + g + 8 * r;
-    const bool empty = l_run[r] == 0.f;
-    const float lse2 = empty ? -INFINITY : m_run[r] + log2f(l_run[r]);
-    float factor = ref[r];
-    if (final_output) {
-      factor = empty ? 0.f : ref[r] / l_run[r];
-      if (p.sink != nullptr) {
-        // 1 / (1 + exp(sink - lse_e)) in base 2; an empty row: 1 / (1 + inf) = 0 on an output of 0.
-        factor /= 1.f + exp2f(p.sink[head] * 1.4426950408889634f - lse2);
-      }
-    }
-    const long long part_row = (static_cast<long long>(t) * p.num_splits + split) * p.heads + head;
-    const int col0 = group * kGroupDim + 32 * c;
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      float v[16];
+  // Splits of one cluster merge here (reduce_in_cluster): each split but 0 stages its partial in its own
+  // ring (idle: every tile was waited on) in absolute units, thread by thread as a float4 column per
+  // value pair, with the rows' maxima and sums; split 0 pulls them in rank order and merges them into its
+  // own state (online, as the softmax merges tiles), then writes the final output.
+  const bool in_cluster = p.reduce_in_cluster != 0;
+  constexpr int kStagedPairs = kChunks * 4;  // float4 columns of acc, then one of (m, m, l, l)
+  static_assert((kStagedPairs + 1) * S::kThreads * 16 <= S::kRingBytes, "the staged partial fits in the ring");
+  if (in_cluster) {
+    float4* staged = reinterpret_cast<float4*>(ring);
+    if (split != 0) {
+      __syncthreads();  // every warp is done with the ring's last tile
 #pragma unroll
       for (int q = 0; q < kChunks; ++q)
 #pragma unroll
-        for (int i = 0; i < 4; ++i) v[4 * q + i] = acc[q][i][2 * r + half] * factor;
-      const int col = col0 + 16 * half;
-      if (final_output) {
-        uint4 packed[2];
-        __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(packed);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) h[e] = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
-        uint4* dst = reinterpret_cast<uint4*>(p.out + t * p.out_stride_t + head * p.out_stride_h + col);
-        dst[0] = packed[0];
-        dst[1] = packed[1];
-      } else {
-        float4* dst = reinterpret_cast<float4*>(p.part_acc + part_row * kCkvDim + col);
-#pragma unroll
-        for (int k = 0; k < 4; ++k) dst[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
-      }
+        for (int i = 0; i < 4; ++i) {
+          staged[(4 * q + i) * S::kThreads + threadIdx.x] =
+              make_float4(acc[q][i][0] * ref[0], acc[q][i][1] * ref[0], acc[q][i][2] * ref[1], acc[q][i][3] * ref[1]);
+        }
+      staged[kStagedPairs * S::kThreads + threadIdx.x] = make_float4(m_run[0], m_run[1], l_run[0], l_run[1]);
     }
-    if (group == 0 && c == 0) {
+    cluster_sync();  // every split's partial staged (release/acquire at cluster scope)
+    if (split == 0) {
+#pragma unroll
+      for (int q = 0; q < kChunks; ++q)
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[q][i][e] *= ref[e / 2];
+      for (int peer = 1; peer < p.num_splits; ++peer) {
+        const uint32_t base = mapa_shared(smem_addr(ring), peer) + threadIdx.x * 16;
+        const float4 ml = ld_cluster_v4_f32(base + kStagedPairs * S::kThreads * 16);
+        const float peer_m[2] = {ml.x, ml.y}, peer_l[2] = {ml.z, ml.w};
+        float keep[2], take[2];
+#pragma unroll
+        for (int r = 0; r < 2; ++r) {
+          const float m_new = fmaxf(m_run[r], peer_m[r]);
+          const float m_ref = m_new == -INFINITY ? 0.f : m_new;  // exp2(-inf - m_ref) = 0, never NaN
+          keep[r] = exp2f(m_run[r] - m_ref);
+          take[r] = exp2f(peer_m[r] - m_ref);
+          l_run[r] = l_run[r] * keep[r] + peer_l[r] * take[r];
+          m_run[r] = m_new;
+        }
+#pragma unroll
+        for (int q = 0; q < kChunks; ++q)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const float4 v = ld_cluster_v4_f32(base + (4 * q + i) * S::kThreads * 16);
+            acc[q][i][0] = acc[q][i][0] * keep[0] + v.x * take[0];
+            acc[q][i][1] = acc[q][i][1] * keep[0] + v.y * take[0];
+            acc[q][i][2] = acc[q][i][2] * keep[1] + v.z * take[1];
+            acc[q][i][3] = acc[q][i][3] * keep[1] + v.w * take[1];
+          }
+      }
+      ref[0] = ref[1] = 1.f;  // acc in absolute units
+    }
+  }
+
+  // Write: the final output with one split or in a cluster's split 0, else the fp32 partial
+  // (unnormalized, in absolute units). acc[q][i][e] is row g (e < 2) or g + 8, column 32c + 16 (e % 2) +
+  // 4q + i of the group: a thread holds 32 consecutive columns of each of its rows.
+  const bool final_output = p.num_splits == 1 || in_cluster;
+  if (!in_cluster || split == 0) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int head = head0 + g + 8 * r;
+      const bool empty = l_run[r] == 0.f;
+      const float lse2 = empty ? -INFINITY : m_run[r] + log2f(l_run[r]);
+      float factor = ref[r];
       if (final_output) {
-        p.lse[t * p.lse_stride_t + head * p.lse_stride_h] = lse2 * p.lse_scale;
-      } else {
-        p.part_m[part_row] = m_run[r];
-        p.part_l[part_row] = l_run[r];
+        factor = empty ? 0.f : ref[r] / l_run[r];
+        if (p.sink != nullptr) {
+          // 1 / (1 + exp(sink - lse_e)) in base 2; an empty row: 1 / (1 + inf) = 0 on an output of 0.
+          factor /= 1.f + exp2f(p.sink[head] * 1.4426950408889634f - lse2);
+        }
+      }
+      const long long part_row = (static_cast<long long>(t) * p.num_splits + split) * p.heads + head;
+      const int col0 = group * kGroupDim + 32 * c;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        float v[16];
+#pragma unroll
+        for (int q = 0; q < kChunks; ++q)
+#pragma unroll
+          for (int i = 0; i < 4; ++i) v[4 * q + i] = acc[q][i][2 * r + half] * factor;
+        const int col = col0 + 16 * half;
+        if (final_output) {
+          uint4 packed[2];
+          __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(packed);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) h[e] = __floats2bfloat162_rn(v[2 * e], v[2 * e + 1]);
+          uint4* dst = reinterpret_cast<uint4*>(p.out + t * p.out_stride_t + head * p.out_stride_h + col);
+          dst[0] = packed[0];
+          dst[1] = packed[1];
+        } else {
+          float4* dst = reinterpret_cast<float4*>(p.part_acc + part_row * kCkvDim + col);
+#pragma unroll
+          for (int k = 0; k < 4; ++k) dst[k] = make_float4(v[4 * k], v[4 * k + 1], v[4 * k + 2], v[4 * k + 3]);
+        }
+      }
+      if (group == 0 && c == 0) {
+        if (final_output) {
+          p.lse[t * p.lse_stride_t + head * p.lse_stride_h] = lse2 * p.lse_scale;
+        } else {
+          p.part_m[part_row] = m_run[r];
+          p.part_l[part_row] = l_run[r];
+        }
       }
     }
   }
+  // A split's shared memory outlives split 0's reads of it.
+  if (in_cluster) cluster_sync();
 #else
   // Built for an arch without bulk copies: the launcher refuses before launching.
   __trap();
@@ -544,6 +631,7 @@ enum ErrorCode : int {
   kBadAlignment = -2,
   kNullPointer = -3,
   kUnsupportedArch = -4,
+  kBadClusterSplits = -5,
 };
 
 constexpr int kMaxDevices = 64;
@@ -573,10 +661,19 @@ int launch(const Params& p, int num_tokens, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     g_configured<kHeadGroups>[device] = true;
   }
-  mma_mla_fp8_kernel<kHeadGroups>
-      <<<dim3(p.heads / (kHeadsPerGroup * kHeadGroups), p.num_splits, num_tokens), S::kThreads, S::kSmemBytes,
-         stream>>>(p);
-  return cudaGetLastError();
+  cudaLaunchAttribute cluster{};
+  cluster.id = cudaLaunchAttributeClusterDimension;
+  cluster.val.clusterDim.x = 1;
+  cluster.val.clusterDim.y = p.reduce_in_cluster ? p.num_splits : 1;  // the splits of one (token, head block)
+  cluster.val.clusterDim.z = 1;
+  cudaLaunchConfig_t config{};
+  config.gridDim = dim3(p.heads / (kHeadsPerGroup * kHeadGroups), p.num_splits, num_tokens);
+  config.blockDim = dim3(S::kThreads);
+  config.dynamicSmemBytes = S::kSmemBytes;
+  config.stream = stream;
+  config.attrs = &cluster;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, mma_mla_fp8_kernel<kHeadGroups>, p);
 }
 
 }  // namespace
@@ -587,6 +684,7 @@ using namespace mma_mla;
 extern "C" {
 
 int dsa_mma_mla_max_splits() { return kMaxSplits; }
+int dsa_mma_mla_max_cluster_splits() { return kMaxClusterSplits; }
 int dsa_mma_mla_max_tokens() { return kMaxTokens; }
 int dsa_mma_mla_max_topk() { return kMaxTopk; }
 int dsa_mma_mla_heads_per_group() { return kHeadsPerGroup; }
@@ -596,7 +694,8 @@ int dsa_mma_mla_heads_per_group() { return kHeadsPerGroup; }
 int dsa_mma_mla_decode(const void* q_nope, long long q_nope_stride_t, long long q_nope_stride_h, const void* q_pe,
                        long long q_pe_stride_t, long long q_pe_stride_h, const void* kv, const int* indices,
                        long long indices_stride_t, const int* topk_length, const float* sink, int num_tokens,
-                       int heads, int topk, int num_splits, float sm_scale_log2, float lse_scale, void* out,
+                       int heads, int topk, int num_splits, int reduce_in_cluster, float sm_scale_log2,
+                       float lse_scale, void* out,
                        long long out_stride_t, long long out_stride_h, float* lse, long long lse_stride_t,
                        long long lse_stride_h, float* part_acc, float* part_m, float* part_l,
                        long long cache_tokens, int* bad_index_count, cudaStream_t stream) {
@@ -610,7 +709,8 @@ int dsa_mma_mla_decode(const void* q_nope, long long q_nope_stride_t, long long 
       lse == nullptr || bad_index_count == nullptr) {
     return kNullPointer;
   }
-  const bool partials = num_splits > 1;
+  if (reduce_in_cluster && (num_splits < 2 || num_splits > kMaxClusterSplits)) return kBadClusterSplits;
+  const bool partials = num_splits > 1 && !reduce_in_cluster;
   if (partials && (part_acc == nullptr || part_m == nullptr || part_l == nullptr)) return kNullPointer;
   // A token stride is never stepped over with one token (torch gives size-1 dims any stride).
   const auto token_aligned = [num_tokens](long long stride) { return num_tokens == 1 || row_aligned(stride); };
@@ -625,7 +725,8 @@ int dsa_mma_mla_decode(const void* q_nope, long long q_nope_stride_t, long long 
                  static_cast<const uint8_t*>(kv), indices, indices_stride_t, topk_length, sink, topk, num_splits,
                  heads, sm_scale_log2, lse_scale, static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse,
                  lse_stride_t, lse_stride_h, part_acc, part_m, part_l, cache_tokens, bad_index_count,
-                 sm_scale_log2 == 0.f ? std::numeric_limits<float>::denorm_min() : std::fabs(sm_scale_log2)};
+                 sm_scale_log2 == 0.f ? std::numeric_limits<float>::denorm_min() : std::fabs(sm_scale_log2),
+                 reduce_in_cluster};
   return heads == 2 * kHeadsPerGroup ? launch<2>(p, num_tokens, stream) : launch<1>(p, num_tokens, stream);
 }
 
@@ -639,6 +740,9 @@ const char* dsa_mma_mla_error_string(int code) {
     case kBadAlignment: return "pointers must be 16-byte aligned and row strides multiples of 8 elements";
     case kNullPointer: return "null device pointer";
     case kUnsupportedArch: return "the small-head kernel needs compute capability 9.0 or later and the shared memory of sm_90/sm_100";
+    case kBadClusterSplits:
+      static_assert(kMaxClusterSplits == 8, "the message below spells the limit out");
+      return "splits merged in a cluster must number 2 to 8";
     default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
 }

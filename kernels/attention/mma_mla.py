@@ -35,6 +35,13 @@ HEADS_PER_GROUP = 16  # mma.sync M: 4 warps own 16 heads of one token; 32 heads 
 BLOCK_TOKENS = 64  # gathered tokens a tile
 MAX_TOPK = 2048  # the ids of a split sit in shared memory
 MAX_SPLITS = tsm.MAX_SPLITS  # the combine kernel's limit
+# Up to this many splits merge in a cluster (a portable cluster's CTAs) instead of by the combine kernel:
+# no fp32 partials through memory and no second launch.
+MAX_CLUSTER_SPLITS = 8
+# The split count merged in its cluster unless a call says otherwise: on the H200 (16 and 32 heads, 1 to
+# 256 tokens) the cluster beats the combine kernel at 2 splits (2-7%) and loses from 3 on, where split 0
+# merges its peers one after another and a larger cluster waits for that many free SMs of one GPC.
+CLUSTER_DEFAULT_SPLITS = 2
 MAX_TOKENS = 65535  # tokens are the kernel grid's z dimension
 # Bulk copies and mbarrier transactions (and cvt from e4m3: 8.9); the library also refuses a GPU whose
 # per-CTA shared memory is below the kernel's (sm_120).
@@ -87,7 +94,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         p,  # kv (FP8 656-byte tokens)
         p, i64,  # indices, row stride
         p, p,  # topk_length, sink (nullable)
-        i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits
+        i32, i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits, reduce_in_cluster
         f32, f32,  # sm_scale * log2(e), lse scale
         p, i64, i64,  # output, strides
         p, i64, i64,  # lse, strides
@@ -97,11 +104,11 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     ]
     lib.dsa_mma_mla_error_string.restype = ctypes.c_char_p
     lib.dsa_mma_mla_error_string.argtypes = [i32]
-    for name in ("max_splits", "max_tokens", "max_topk", "heads_per_group"):
+    for name in ("max_splits", "max_cluster_splits", "max_tokens", "max_topk", "heads_per_group"):
         getattr(lib, f"dsa_mma_mla_{name}").restype = i32
-    limits = (lib.dsa_mma_mla_max_splits(), lib.dsa_mma_mla_max_tokens(), lib.dsa_mma_mla_max_topk(),
-              lib.dsa_mma_mla_heads_per_group())
-    if limits != (MAX_SPLITS, MAX_TOKENS, MAX_TOPK, HEADS_PER_GROUP):
+    limits = (lib.dsa_mma_mla_max_splits(), lib.dsa_mma_mla_max_cluster_splits(), lib.dsa_mma_mla_max_tokens(),
+              lib.dsa_mma_mla_max_topk(), lib.dsa_mma_mla_heads_per_group())
+    if limits != (MAX_SPLITS, MAX_CLUSTER_SPLITS, MAX_TOKENS, MAX_TOPK, HEADS_PER_GROUP):
         raise KernelBuildError(f"lib{LIBRARY}.so was built with different limits: rebuild it with `dsactl build`")
     return lib
 
@@ -139,11 +146,14 @@ def sparse_mla_attention(
     output: torch.Tensor, lse: torch.Tensor, *, ckv_cache: torch.Tensor | None = None,
     kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
-    lse_base_e: bool = False, num_splits: int | None = None, check: bool | None = None,
+    lse_base_e: bool = False, num_splits: int | None = None, reduce_in_cluster: bool | None = None,
+    check: bool | None = None,
 ) -> None:
     """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention; FP8 KV
-    only). num_splits overrides the split formula. Ids outside the cache are masked and counted
-    (bad_index_count); check (default: DSACTL_CHECK=1) refuses them on the host first."""
+    only). num_splits overrides the split formula, reduce_in_cluster the choice of merging the splits in
+    a cluster (2 to MAX_CLUSTER_SPLITS of them; by default CLUSTER_DEFAULT_SPLITS) rather than by the
+    combine kernel. Ids outside the cache are masked and counted (bad_index_count); check (default:
+    DSACTL_CHECK=1) refuses them on the host first."""
     num_tokens, heads, topk, _ = tsm.check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache,
                                                   kv_cache, topk_length, attn_sink, HEADS, WHO)
     _check_limits(q_nope, q_pe, sparse_indices, output, kv_cache)
@@ -156,8 +166,13 @@ def sparse_mla_attention(
         return
     splits = num_splits or launch_splits(num_tokens, heads, topk, device)
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
+    clusterable = 2 <= splits <= MAX_CLUSTER_SPLITS
+    in_cluster = splits == CLUSTER_DEFAULT_SPLITS if reduce_in_cluster is None else reduce_in_cluster
+    _check(not in_cluster or clusterable,
+           f"splits merged in a cluster must number 2 to {MAX_CLUSTER_SPLITS}, got {splits}")
     lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
-    partials = tsm.split_partials(device, num_tokens, splits, heads) if splits > 1 else (None, None, None)
+    combined = splits > 1 and not in_cluster
+    partials = tsm.split_partials(device, num_tokens, splits, heads) if combined else (None, None, None)
 
     lib = library()
     with torch.cuda.device(device):
@@ -167,7 +182,7 @@ def sparse_mla_attention(
             sparse_indices.data_ptr(), sparse_indices.stride(0),
             None if topk_length is None else topk_length.data_ptr(),
             None if attn_sink is None else attn_sink.data_ptr(),
-            num_tokens, heads, topk, splits, float(sm_scale) * math.log2(math.e), lse_scale,
+            num_tokens, heads, topk, splits, int(in_cluster), float(sm_scale) * math.log2(math.e), lse_scale,
             output.data_ptr(), output.stride(0), output.stride(1),
             lse.data_ptr(), lse.stride(0), lse.stride(1),
             *(None if t is None else t.data_ptr() for t in partials),
@@ -177,7 +192,7 @@ def sparse_mla_attention(
     if code != 0:
         raise KernelError(f"{WHO}: kernel launch failed: {lib.dsa_mma_mla_error_string(code).decode()} "
                           f"(code {code})")
-    if splits > 1:
+    if combined:
         tsm.combine(partials, attn_sink, output, lse, lse_scale, heads, splits, num_tokens)
 
 
