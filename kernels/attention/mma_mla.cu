@@ -83,8 +83,6 @@ constexpr int kMaxSplits = 64;     // the Triton combine's largest split count (
 constexpr int kMaxClusterSplits = 8;
 constexpr int kMaxTokens = 65535;  // tokens are the grid's z dimension
 constexpr int kIdsBytes = kMaxTopk * 4;
-// Whether the 32 ids of each half tile hold a -1: a tile without one skips the masking of its logits.
-constexpr int kMaskedFlagsBytes = kMaxTopk / 32 * 4;
 constexpr int kReduceBytes = kGroupWarps * kNTiles * 32 * 16;  // a head group's partial logits, a float4 a lane
 // Q's per-row power of two puts its largest value in [2^kQTopExp, 2^(kQTopExp + 1)): under fp16's 65504.
 constexpr int kQTopExp = 14;
@@ -103,8 +101,7 @@ struct Shape {
   static constexpr int kCtasPerSm = kHeadGroups == 1 ? 2 : 1;
   static constexpr int kStages = kHeadGroups == 1 ? 2 : 4;
   static constexpr int kRingBytes = kStages * kStageBytes;
-  static constexpr int kFlagsOffset = kRingBytes + kIdsBytes;
-  static constexpr int kReduceOffset = kFlagsOffset + kMaskedFlagsBytes;
+  static constexpr int kReduceOffset = kRingBytes + kIdsBytes;
   // Barriers: full[stage], then reduce_free[head group] (its partial logits were read by all its threads).
   static constexpr int kBarrierOffset = kReduceOffset + kHeadGroups * kReduceBytes;
   static constexpr int kSmemBytes = kBarrierOffset + (kStages + kHeadGroups) * 8;
@@ -115,7 +112,7 @@ static_assert(kTokenBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
 static_assert(kScaleOffset == kCkvDim && kKpeOffset == kScaleOffset + 4 * kGroups, "the 656-byte token layout");
 static_assert(kGroupDim == 128 && kKpeDim == 16 * kGroupWarps, "the fragment permutations below");
 static_assert(kMaxTopk % kBlockTokens == 0, "the ids buffer holds whole tiles");
-static_assert(kBlockTokens % 32 == 0, "a warp's 32 consecutive ids lie in one tile (the masked flags)");
+static_assert(kBlockTokens % 32 == 0, "the lanes of warp 0 copy a tile's tokens");
 
 // A masked token's row: zeros, so its logit inputs are finite and its P (0) multiplies zeros.
 __device__ __align__(16) uint8_t g_zero_row[kTokenBytes];
@@ -232,7 +229,6 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
   extern __shared__ __align__(128) uint8_t smem[];
   uint8_t* ring = smem;
   int* ids = reinterpret_cast<int*>(smem + S::kRingBytes);
-  int* half_masked = reinterpret_cast<int*>(smem + S::kFlagsOffset);  // [tile * 2 + half]
   const uint32_t full = smem_addr(smem + S::kBarrierOffset);  // full[stage] at + 8 * stage
 
   const int split = blockIdx.y;
@@ -249,8 +245,6 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
 
   // The split's ids, once: positions split, split + S, ... below the row's length; an id outside the
   // cache becomes -1 here, the one place ids enter (counted by the CTAs of the first head groups only).
-  // Each warp's 32 ids (j warp-uniform per pass: kThreads and tiles * kBlockTokens are multiples of 32)
-  // are one half tile, whose flag says whether any is -1.
   const int n_valid = p.topk_length == nullptr ? p.topk : max(min(p.topk_length[t], p.topk), 0);
   const int n_mine = (n_valid - split + p.num_splits - 1) / p.num_splits;  // >= 0 as split < num_splits
   const int tiles = (n_mine + kBlockTokens - 1) / kBlockTokens;
@@ -265,8 +259,6 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
       id = outside ? -1 : id;
     }
     ids[j] = id;
-    const bool any_masked = __any_sync(0xFFFFFFFFu, id < 0);
-    if (lane == 0) half_masked[j / 32] = any_masked;
   }
   if (bad > 0 && blockIdx.x == 0) atomicAdd(p.bad_index_count, bad);
   if (threadIdx.x < kStages) mbar_init(full + 8 * threadIdx.x, S::kWarps);  // each warp copies a share
@@ -393,8 +385,9 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
     // The refill, a share by every warp, so that no one warp's copies delay the next barrier.
     if (tile + kStages - 1 < tiles) issue(tile + kStages - 1);
 
-    // Whole logits, summed in one order by every warp of the head group. Unscaled (sm_abs >= 0 commutes
-    // with the max: sm_abs * max rounds to the max of the products).
+    // Whole logits, summed in one order by every warp of the head group; masked tokens -inf.
+    const int* tile_ids = ids + tile * kBlockTokens;
+    float tile_max[2] = {-INFINITY, -INFINITY};
 #pragma unroll
     for (int n = 0; n < kNTiles; ++n) {
       float4 sum = reduce[n * 32 + lane];
@@ -406,25 +399,13 @@ __global__ void __launch_bounds__(Shape<kHeadGroups>::kThreads, Shape<kHeadGroup
         sum.z += part.z;
         sum.w += part.w;
       }
-      s[n][0] = sum.x;
-      s[n][1] = sum.y;
-      s[n][2] = sum.z;
-      s[n][3] = sum.w;
-    }
-    // Masked tokens -inf, only in a tile that has one (the same branch in every thread of the CTA).
-    if (half_masked[2 * tile] | half_masked[2 * tile + 1]) {
-      const int* tile_ids = ids + tile * kBlockTokens;
-#pragma unroll
-      for (int n = 0; n < kNTiles; ++n) {
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          if (tile_ids[8 * n + 2 * c + e] < 0) s[n][e] = s[n][2 + e] = -INFINITY;
-        }
-      }
-    }
-    float tile_max[2] = {-INFINITY, -INFINITY};
-#pragma unroll
-    for (int n = 0; n < kNTiles; ++n) {
+      const bool valid0 = tile_ids[8 * n + 2 * c] >= 0;
+      const bool valid1 = tile_ids[8 * n + 2 * c + 1] >= 0;
+      // Unscaled (sm_abs >= 0 commutes with the max: sm_abs * max rounds to the max of the products).
+      s[n][0] = valid0 ? sum.x : -INFINITY;
+      s[n][1] = valid1 ? sum.y : -INFINITY;
+      s[n][2] = valid0 ? sum.z : -INFINITY;
+      s[n][3] = valid1 ? sum.w : -INFINITY;
       tile_max[0] = fmaxf(tile_max[0], fmaxf(s[n][0], s[n][1]));
       tile_max[1] = fmaxf(tile_max[1], fmaxf(s[n][2], s[n][3]));
     }
@@ -661,13 +642,18 @@ int launch(const Params& p, int num_tokens, cudaStream_t stream) {
     if (err != cudaSuccess) return err;
     g_configured<kHeadGroups>[device] = true;
   }
+  const dim3 grid(p.heads / (kHeadsPerGroup * kHeadGroups), p.num_splits, num_tokens);
+  if (!p.reduce_in_cluster) {
+    mma_mla_fp8_kernel<kHeadGroups><<<grid, S::kThreads, S::kSmemBytes, stream>>>(p);
+    return cudaGetLastError();
+  }
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
   cluster.val.clusterDim.x = 1;
-  cluster.val.clusterDim.y = p.reduce_in_cluster ? p.num_splits : 1;  // the splits of one (token, head block)
+  cluster.val.clusterDim.y = p.num_splits;  // the splits of one (token, head block)
   cluster.val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3(p.heads / (kHeadsPerGroup * kHeadGroups), p.num_splits, num_tokens);
+  config.gridDim = grid;
   config.blockDim = dim3(S::kThreads);
   config.dynamicSmemBytes = S::kSmemBytes;
   config.stream = stream;
