@@ -323,10 +323,12 @@ struct Work {
   int t, group, split, n_mine, num_blocks;
 };
 
-// The id at position j of this CTA's split s of S: row position s + j * S.
-__device__ __forceinline__ int split_id(const Params& p, const Work& w, int j) {
-  return __ldg(p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits);
+// Where the id at position j of this CTA's split s of S lies: row position s + j * S.
+__device__ __forceinline__ const int* split_id_ptr(const Params& p, const Work& w, int j) {
+  return p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits;
 }
+
+__device__ __forceinline__ int split_id(const Params& p, const Work& w, int j) { return __ldg(split_id_ptr(p, w, j)); }
 
 // Block b's token i: split position b * 64 + i, valid below n_mine. The id is returned as loaded and
 // tested where it is used (in_cache): a test here would make the producer wait for each index load on
@@ -629,7 +631,7 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
   // last pass: to the next block's first) and the positions left before n_mine; past the last block
   // they are >= n_mine: -1, no read.
   const int j0 = rank * kMyPasses * kTokensPerPass + lane_token;
-  const int* idx_ptr = p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j0) * p.num_splits;
+  const int* idx_ptr = split_id_ptr(p, w, j0);
   int j_left = w.n_mine - j0;
   constexpr int kBlockStepTokens = kBlockTokens - (kMyPasses - 1) * kTokensPerPass;
   const int pass_step = kTokensPerPass * p.num_splits;     // < 2^31: num_splits <= 64
