@@ -52,6 +52,15 @@ def test_device_time_counts_only_work_launched_inside_each_call():
     assert timing.sum_by_bracket(brackets, launches, activities) == [12, 21]
 
 
+def test_span_runs_from_a_calls_first_kernel_start_to_its_last_end():
+    brackets = [(100, 200), (300, 400), (500, 600)]
+    launches = [(50, 1),  # the L2 flush, launched before the call: excluded
+                (110, 2),  # a graph launch: both its kernels carry its correlation id
+                (310, 5)]  # one kernel of call 1; call 2 launches nothing
+    activities = [(1, 0, 5000), (2, 1000, 1007), (2, 1010, 1030), (5, 2000, 2020), (99, 0, 9999)]
+    assert timing.span_by_bracket(brackets, launches, activities) == [30, 20, 0]
+
+
 def test_profiler_device_time_counts_work_that_starts_inside_each_call():
     intervals = [(100, 200), (300, 400)]
     work = [(50, 40),  # the L2 flush, before the call: excluded

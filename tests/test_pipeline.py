@@ -82,6 +82,11 @@ class CountingTimer:
         fn()
         return "cuda-graph", [30.0]
 
+    def graph_span(self, fn):
+        self.calls.append("graph_span")
+        fn()
+        return [25.0, 27.0, 26.0]
+
     def events(self, fn):
         self.calls.append("events")
         fn()
@@ -92,22 +97,23 @@ class CountingTimer:
 def test_a_shape_is_timed_every_way_on_one_step():
     timer = CountingTimer()
     row = pipeline.time_shape(TINY, timer, "cpu", seed=3)
-    assert sorted(timer.calls) == ["events", "events", "graph", "kernels", "kernels", "kernels"]
+    assert sorted(timer.calls) == ["events", "events", "graph", "graph_span", "kernels", "kernels", "kernels"]
     assert (row.batch, row.context, row.heads, row.kv_format, row.next_n, row.topk) == (2, 512, 16, "fp8", 2, 512)
     assert row.graph_us == 30.0 and row.eager_us == 42.0 and row.reference_us == 42.0
     assert row.kernels_us == row.indexer_us == row.attention_us == 11.0
     assert row.graph_method == "cuda-graph" and row.kernel_method == "cupti"
     assert row.graph_over_kernels == pytest.approx(30.0 / 11.0)
+    assert row.graph_span_us == 26.0 and row.span_over_kernels == pytest.approx(26.0 / 11.0)
     no_reference = pipeline.time_shape(TINY, CountingTimer(), "cpu", seed=3, reference=False)
     assert no_reference.reference_us is None
 
 
 def _rows():
-    full = pipeline.PipelineRow(32, 32768, 128, "fp8", 1, 2048, graph_us=101.5, eager_us=130.25, kernels_us=97.0,
-                                indexer_us=41.0, attention_us=56.0, reference_us=3021.0, graph_method="cuda-graph",
+    full = pipeline.PipelineRow(32, 32768, 128, "fp8", 1, 2048, graph_us=101.5, graph_span_us=98.0,
+                                eager_us=130.25, kernels_us=97.0, indexer_us=41.0, attention_us=56.0, reference_us=3021.0, graph_method="cuda-graph",
                                 kernel_method="cupti")
-    bare = pipeline.PipelineRow(1, 4096, 16, "fp8", 2, 2048, graph_us=20.0, eager_us=35.0, kernels_us=None,
-                                indexer_us=None, attention_us=None, reference_us=None, graph_method="cuda-events",
+    bare = pipeline.PipelineRow(1, 4096, 16, "fp8", 2, 2048, graph_us=20.0, graph_span_us=None, eager_us=35.0,
+                                kernels_us=None, indexer_us=None, attention_us=None, reference_us=None, graph_method="cuda-events",
                                 kernel_method=None)
     return [full, bare]
 
@@ -118,6 +124,7 @@ def test_csv_round_trips_and_json_holds_the_rows(tmp_path):
     back, back_meta = pipeline.read_csv(path)
     assert back == rows and back_meta == meta
     assert back[0].graph_over_kernels == pytest.approx(101.5 / 97.0) and back[1].graph_over_kernels is None
+    assert back[0].span_over_kernels == pytest.approx(98.0 / 97.0) and back[1].span_over_kernels is None
     data = pipeline.write_json(tmp_path / "pipeline.json", rows, meta).read_text()
     assert '"graph_us": 101.5' in data and '"kernel_method": null' in data
     (tmp_path / "other.csv").write_text("solution,workload,median_us\nx,y,1\n")
@@ -138,6 +145,8 @@ def test_gpu_sweep_times_a_step_and_its_graph_stays_near_its_kernels():
     for row in rows:
         assert row.graph_method == "cuda-graph"
         assert 0 < row.kernels_us <= row.graph_us * 1.05 and row.eager_us > 0 and row.reference_us > row.kernels_us
+        # The span holds every kernel of one replay and excludes the graph's launch.
+        assert row.kernels_us * 0.95 <= row.graph_span_us <= row.graph_us * 1.05
         assert row.indexer_us > 0 and row.attention_us > 0
 
 

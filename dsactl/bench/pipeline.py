@@ -4,14 +4,18 @@ A DecodeStep (kernels/step.py: indexer scores, top-k with page translation, spar
 passing between them on the device) over serving shapes, each timed four ways in one run, every call
 after a cold-L2 flush:
 
-  graph_us      the step captured once as a CUDA graph, its replays timed with CUDA events
+  graph_us      the step captured once as a CUDA graph, its replays timed with CUDA events (the graph's own
+                launch latency included: 1.4-3.1 us at batch 1 on the H200, pipeline.csv)
+  graph_span_us the same replays on the GPU's clock (CUPTI): first kernel's start to last kernel's end, the
+                gaps between the step's kernels included. An engine captures every layer's step in one
+                graph, so this, not graph_us, is what one step adds to it
   eager_us      the step called as is, timed with CUDA events: its per-call checks and launch gaps count
   kernels_us    the device time of the step's kernels (CUPTI, else torch.profiler), and per stage:
                 indexer_us (scores + top-k) and attention_us (sparse MLA + its split combine)
   reference_us  the vectorized PyTorch stages an engine could write (the torch indexer baseline, then the
                 torch attention baseline on its ids), timed with CUDA events
 
-graph_us / kernels_us is what the launch gaps left in a graph cost. Every request holds the shape's whole
+graph_span_us / kernels_us is what the launch gaps left in a graph cost. Every request holds the shape's whole
 context (seq_lens = context), so the indexer scores every row.
 """
 
@@ -60,6 +64,7 @@ class PipelineRow:
     next_n: int
     topk: int
     graph_us: float
+    graph_span_us: float | None
     eager_us: float
     kernels_us: float | None
     indexer_us: float | None
@@ -76,6 +81,10 @@ class PipelineRow:
     def graph_over_kernels(self) -> float | None:
         return self.graph_us / self.kernels_us if self.kernels_us else None
 
+    @property
+    def span_over_kernels(self) -> float | None:
+        return self.graph_span_us / self.kernels_us if self.kernels_us and self.graph_span_us else None
+
 
 COLUMNS = [f.name for f in fields(PipelineRow)]
 
@@ -88,6 +97,8 @@ class Timer(Protocol):
     def kernels(self, fn: Callable[[], Any]) -> list[float] | None: ...
 
     def graph(self, fn: Callable[[], Any]) -> tuple[str, list[float]]: ...
+
+    def graph_span(self, fn: Callable[[], Any]) -> list[float] | None: ...
 
     def events(self, fn: Callable[[], Any]) -> list[float]: ...
 
@@ -114,6 +125,11 @@ class CudaTimer:
 
     def graph(self, fn):
         return self._timing.measure(fn, "cuda-graph", self.iters, self.warmup, self.flusher)
+
+    def graph_span(self, fn):
+        if self.kernel_method != "cupti":
+            return None
+        return self._timing.measure_graph_span(fn, self.iters, self.warmup, self.flusher)
 
     def events(self, fn):
         return self._timing.measure_events(fn, self.iters, self.warmup, self.flusher)
@@ -162,7 +178,7 @@ def time_shape(shape: PipelineShape, timer: Timer, device: Any = "cuda", *, seed
 
         reference_us = _median(timer.events(run_reference))
     return PipelineRow(shape.batch, shape.context, shape.heads, shape.kv_format, shape.next_n, shape.topk,
-                       graph_us=_median(graph), eager_us=_median(timer.events(run_step)),
+                       graph_us=_median(graph), graph_span_us=_median(timer.graph_span(run_step)), eager_us=_median(timer.events(run_step)),
                        kernels_us=_median(timer.kernels(run_step)), indexer_us=_median(timer.kernels(run_indexer)),
                        attention_us=_median(timer.kernels(run_attention)), reference_us=reference_us,
                        graph_method=graph_method, kernel_method=timer.kernel_method)
@@ -243,8 +259,9 @@ def write_json(path: str | Path, rows: Sequence[PipelineRow], meta: dict[str, An
 
 
 def plot_stages(rows: Sequence[PipelineRow], path: str | Path) -> Path:
-    """Per shape, the graph-replayed step as its stages' kernel times plus what the graph adds (launch gaps),
-    with the eager step's time marked: one horizontal bar a shape, log time axis."""
+    """Per shape, the graph-replayed step as its stages' kernel times plus the gaps between them in the graph
+    (its span; graph_us where no span was taken), with the graph replay's event time and the eager step's time
+    marked: one horizontal bar a shape, log time axis."""
     from dsactl.bench.plot import DPI, _pyplot
 
     plt = _pyplot()
@@ -253,11 +270,13 @@ def plot_stages(rows: Sequence[PipelineRow], path: str | Path) -> Path:
     ys = range(len(timed))
     indexer = [r.indexer_us for r in timed]
     attention = [r.attention_us for r in timed]
-    gaps = [max(r.graph_us - r.indexer_us - r.attention_us, 0.0) for r in timed]
+    gaps = [max((r.graph_span_us or r.graph_us) - r.indexer_us - r.attention_us, 0.0) for r in timed]
     ax.barh(ys, indexer, color="tab:blue", label="indexer + top-k kernels")
     ax.barh(ys, attention, left=indexer, color="tab:orange", label="attention kernels")
     ax.barh(ys, gaps, left=[i + a for i, a in zip(indexer, attention)], color="tab:gray",
-            label="graph replay beyond the kernels")
+            label="gaps between the kernels in the graph")
+    ax.scatter([r.graph_us for r in timed], ys, marker="x", color="tab:red", s=25,
+               label="graph replay, its launch included (events)", zorder=3)
     ax.scatter([r.eager_us for r in timed], ys, marker="|", color="black", s=80, label="eager step", zorder=3)
     ax.set_yticks(list(ys), [r.label for r in timed], fontsize=7)
     ax.invert_yaxis()

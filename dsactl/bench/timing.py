@@ -17,6 +17,9 @@ a 9 us kernel), so bench sums the device time of the kernels the call launched:
                   that cannot be captured is timed with plain events and its
                   method is recorded as cuda-events.
 
+measure_graph_span gives a graph-captured call's span instead: its first kernel's
+start to its last one's end per replay (CUPTI), the gaps between kernels included.
+
 The first available method in that order is used unless one is requested; the
 method is stored with every result. Every iteration starts with a cold L2: a
 buffer larger than L2 is written before the call, outside the timed kernels.
@@ -69,6 +72,17 @@ def summarize(trials: Sequence[Sequence[float]]) -> Stats:
     return Stats(statistics.median(samples), min(samples), max(samples), [statistics.median(t) for t in trials])
 
 
+def _owners(brackets: Sequence[tuple[int, int]], launches: Sequence[tuple[int, int]]) -> dict[int, int]:
+    """correlation id -> index of the bracket in which its launch API call began."""
+    starts = [b[0] for b in brackets]
+    owner: dict[int, int] = {}
+    for cpu_start, corr in launches:
+        i = bisect.bisect_right(starts, cpu_start) - 1
+        if i >= 0 and cpu_start <= brackets[i][1]:
+            owner[corr] = i
+    return owner
+
+
 def sum_by_bracket(brackets: Sequence[tuple[int, int]], launches: Sequence[tuple[int, int]],
                    activities: Sequence[tuple[int, int]]) -> list[int]:
     """Device time per bracket, in ns.
@@ -79,18 +93,29 @@ def sum_by_bracket(brackets: Sequence[tuple[int, int]], launches: Sequence[tuple
     A device activity counts for the bracket in which its launch API call began;
     work launched outside every bracket (the L2 flush) counts for none.
     """
-    starts = [b[0] for b in brackets]
-    owner: dict[int, int] = {}
-    for cpu_start, corr in launches:
-        i = bisect.bisect_right(starts, cpu_start) - 1
-        if i >= 0 and cpu_start <= brackets[i][1]:
-            owner[corr] = i
+    owner = _owners(brackets, launches)
     totals = [0] * len(brackets)
     for corr, duration in activities:
         i = owner.get(corr)
         if i is not None:
             totals[i] += duration
     return totals
+
+
+def span_by_bracket(brackets: Sequence[tuple[int, int]], launches: Sequence[tuple[int, int]],
+                    activities: Sequence[tuple[int, int, int]]) -> list[int]:
+    """Per bracket, ns from the start of its first device activity to the end of its last (0 without any):
+    its kernels' time plus the gaps between them. Activities are (correlation_id, start, end), owned as in
+    sum_by_bracket (the kernels of a graph replay share the graph launch's correlation id)."""
+    owner = _owners(brackets, launches)
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    for corr, start, end in activities:
+        i = owner.get(corr)
+        if i is not None:
+            first[i] = min(first.get(i, start), start)
+            last[i] = max(last.get(i, end), end)
+    return [last[i] - first[i] if i in first else 0 for i in range(len(brackets))]
 
 
 def sum_by_interval(intervals: Sequence[tuple[int, int]], activities: Sequence[tuple[int, int]]) -> list[int]:
@@ -243,7 +268,10 @@ def _cupti_completed(records):
         sink(records)
 
 
-def _measure_cupti(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> list[float]:
+def _cupti_records(fn: Callable[[], Any], iters: int, flusher: L2Flusher
+                   ) -> tuple[list[tuple[int, int]], list[tuple[int, int]], list[tuple[int, int, int]]]:
+    """`iters` cold-L2 calls of fn under CUPTI: (CPU brackets of the calls, launch API records as
+    (cpu_start, correlation_id), device activities as (correlation_id, start, end)), in ns."""
     import torch
     from cupti import cupti
 
@@ -286,10 +314,39 @@ def _measure_cupti(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> lis
         for kind in enabled:
             cupti.activity_disable(kind)
         _cupti["sink"] = None
-    totals = sum_by_bracket(brackets, sorted(launches), [(c, end - start) for c, start, end in activities])
+    return brackets, sorted(launches), sorted(activities)
+
+
+def _measure_cupti(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> list[float]:
+    brackets, launches, activities = _cupti_records(fn, iters, flusher)
+    totals = sum_by_bracket(brackets, launches, [(c, end - start) for c, start, end in activities])
     if not all(totals):
         raise _no_kernels("cupti")
     return [t / 1e3 for t in totals]
+
+
+def measure_graph_span(fn: Callable[[], Any], iters: int, warmup: int, flusher: L2Flusher) -> list[float] | None:
+    """fn captured once as a CUDA graph; per cold-L2 replay, us from its first kernel's start to its last one's
+    end (CUPTI): the device time the call holds inside a larger graph, the gaps between its kernels included,
+    the graph's own launch latency not. None where CUPTI is missing or fn cannot be captured."""
+    import torch
+
+    if not _cupti_available():
+        return None
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception:  # a call that synchronizes or allocates on the host cannot be captured
+        torch.cuda.synchronize()
+        return None
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    spans = span_by_bracket(*_cupti_records(graph.replay, iters, flusher))
+    if not all(spans):
+        raise _no_kernels("cupti")
+    return [t / 1e3 for t in spans]
 
 
 def _measure_torch_profiler(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> list[float]:
