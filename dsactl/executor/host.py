@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from dsactl.errors import DsactlError
 from dsactl.executor import Done, Placement
 from dsactl.executor.dispatch import WorkerLost, dispatch
+from dsactl.executor.placement import warm_up
 
 RETRIES = 1  # workers a job may cost before it is reported as failed (a kernel that kills its process)
 RESTARTS = 2  # fresh workers a GPU gets after losing one; then its jobs go to the other GPUs
@@ -49,19 +50,6 @@ def _pin(visible: str) -> None:
     from dsactl.executor.placement import use_interpreter_without_gpu
 
     use_interpreter_without_gpu()
-
-
-def _warm() -> int:
-    """A worker's first task: the imports (torch, the harness that makes every job's inputs and calls) and the
-    CUDA context every job needs. Returns the worker's process id."""
-    import importlib
-
-    import torch
-
-    importlib.import_module("dsactl.harness")
-    if torch.cuda.is_available():
-        torch.cuda.init()
-    return os.getpid()
 
 
 def _run(fn: Callable[[Any], Any], job: Any) -> tuple[Any, Placement]:
@@ -108,7 +96,7 @@ class _HostWorkers:
     def _spawn(self, gpu: str, restarts: int = 0) -> _Worker:
         pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_pin,
                                    initargs=(_visible(gpu),))
-        warm = pool.submit(_warm)  # starts the process now; one that dies warming up is lost by its first job
+        warm = pool.submit(warm_up)  # starts the process now; one that dies warming up is lost by its first job
         worker = _Worker(gpu, pool, warm, restarts)
         self.live.append(worker)
         return worker

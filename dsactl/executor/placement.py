@@ -31,3 +31,16 @@ def use_interpreter_without_gpu() -> None:
 
     if not has_cuda_gpu():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+def warm_up() -> int:
+    """A worker's start: the imports (torch, the harness that makes every job's inputs and calls) and the CUDA
+    context every job needs, paid while the command still selects its workloads. Returns the process id."""
+    import importlib
+
+    import torch
+
+    importlib.import_module("dsactl.harness")
+    if torch.cuda.is_available():
+        torch.cuda.init()
+    return os.getpid()

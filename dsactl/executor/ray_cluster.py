@@ -29,12 +29,13 @@ def import_ray():
 
 
 class RayWorker:
-    """The actor: one GPU (or CPU), jobs one at a time."""
+    """The actor: one GPU (or CPU), jobs one at a time. It warms up as it is created (placement.warm_up)."""
 
     def __init__(self):
-        from dsactl.executor.placement import use_interpreter_without_gpu
+        from dsactl.executor.placement import use_interpreter_without_gpu, warm_up
 
         use_interpreter_without_gpu()
+        warm_up()
 
     def ping(self) -> bool:
         return True
@@ -97,8 +98,10 @@ class _RayWorkers:
 
 class RayExecutor:
     """address: "auto" (the running cluster), "local" (start one on this machine), an address
-    (ray://host:10001, host:6379), or None (the cluster this process already joined with ray.init). Ray is
-    imported now, so a missing install fails before any work; the cluster is joined on first use."""
+    (ray://host:10001, host:6379), or None (the cluster this process already joined with ray.init). The
+    cluster is joined and the actors are created now (as the host executor starts its workers), so a missing
+    install or an unreachable cluster fails before any work and the actors warm up while the command
+    selects its workloads."""
 
     local = False
 
@@ -108,6 +111,7 @@ class RayExecutor:
         self.restarts, self.task_retries = restarts, task_retries
         self.owned = False
         self._workers: _RayWorkers | None = None
+        self._join().start()
 
     def _join(self) -> _RayWorkers:
         if self._workers is not None:
