@@ -259,9 +259,10 @@ def write_json(path: str | Path, rows: Sequence[PipelineRow], meta: dict[str, An
 
 
 def plot_stages(rows: Sequence[PipelineRow], path: str | Path) -> Path:
-    """Per shape, the graph-replayed step as its stages' kernel times plus the gaps between them in the graph
-    (its span; graph_us where no span was taken), with the graph replay's event time and the eager step's time
-    marked: one horizontal bar a shape, log time axis."""
+    """Per shape, the graph-replayed step (its span; graph_us where no span was taken) as its stages' kernel times,
+    each timed alone, plus what the replay takes beyond them (the gaps between kernels, and whatever the stages
+    cost more inside the step), with the replay's event time and the eager step's time marked: one horizontal
+    bar a shape, log time axis."""
     from dsactl.bench.plot import DPI, _pyplot
 
     plt = _pyplot()
@@ -274,7 +275,7 @@ def plot_stages(rows: Sequence[PipelineRow], path: str | Path) -> Path:
     ax.barh(ys, indexer, color="tab:blue", label="indexer + top-k kernels")
     ax.barh(ys, attention, left=indexer, color="tab:orange", label="attention kernels")
     ax.barh(ys, gaps, left=[i + a for i, a in zip(indexer, attention)], color="tab:gray",
-            label="gaps between the kernels in the graph")
+            label="graph span beyond the stages timed alone")
     ax.scatter([r.graph_us for r in timed], ys, marker="x", color="tab:red", s=25,
                label="graph replay, its launch included (events)", zorder=3)
     ax.scatter([r.eager_us for r in timed], ys, marker="|", color="black", s=80, label="eager step", zorder=3)
@@ -284,7 +285,8 @@ def plot_stages(rows: Sequence[PipelineRow], path: str | Path) -> Path:
     ax.set_xlabel("us")
     ax.set_title("DSA decode step: where the time goes", fontsize=9)
     ax.grid(True, axis="x", which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
+    # Below the axes: inside, the legend would cover the last shapes' bars.
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.5 / len(timed) - 0.04), ncol=3)
     fig.tight_layout()
     fig.savefig(path, dpi=DPI)
     plt.close(fig)
