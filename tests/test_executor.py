@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import functools
 import os
+import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 
 import pytest
@@ -221,6 +223,28 @@ def test_bad_gpus_or_ray_options_fail_in_one_line(args, message):
     r = _dsactl("verify", "--suite", "hostile", "-w", "hostile-after-topk", *args)
     assert r.returncode == 2, r.stdout + r.stderr
     assert r.stderr.strip().startswith(message) and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+def _closed_port() -> int:
+    with socket.socket() as s:  # bound, never listening: a connection is refused
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_an_address_nothing_answers_at_fails_in_one_line_at_once():
+    pytest.importorskip("ray")
+    from dsactl.executor.ray_cluster import unreachable
+
+    port = _closed_port()
+    assert unreachable(f"127.0.0.1:{port}").startswith(f"nothing answers at 127.0.0.1:{port}")
+    assert unreachable(f"ray://127.0.0.1:{port}").startswith("nothing answers")
+    assert unreachable("auto") is None and unreachable("headnode") is None
+    start = time.monotonic()
+    r = _dsactl("verify", "--suite", "hostile", "-w", "hostile-after-topk", "--ray", f"127.0.0.1:{port}")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().startswith(f"error: --ray 127.0.0.1:{port}: cannot reach a Ray cluster (nothing "
+                                       f"answers at 127.0.0.1:{port}") and len(r.stderr.strip().splitlines()) == 1
+    assert time.monotonic() - start < 60, "not Ray's minute of retries"
 
 
 def test_ray_option_without_ray_installed_says_how_to_get_it():

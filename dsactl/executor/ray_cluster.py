@@ -9,6 +9,7 @@ here and only when --ray is given.
 
 from __future__ import annotations
 
+import socket
 from typing import Any, Callable, Iterator, Sequence
 
 from dsactl.errors import DsactlError
@@ -18,6 +19,22 @@ from dsactl.executor.dispatch import WorkerLost, dispatch
 RESTARTS = 2  # times Ray restarts a dead actor
 TASK_RETRIES = 1  # times Ray re-runs a call whose actor died (a kernel that kills its process twice is failed)
 PING_TIMEOUT_S = 120  # an actor that Ray is restarting answers once it is back
+# A cluster address is tried with a plain TCP connection first: Ray's own client retries a silent address
+# for a minute and then ends the process, where a one-line error is due.
+CONNECT_TIMEOUT_S = 5
+
+
+def unreachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
+    """Why nothing answers at address's host:port (ray://host:port or host:port), or None when a TCP
+    connection opens (or the address has no port to try: Ray parses and reports it)."""
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            return None
+    except OSError as e:
+        return f"nothing answers at {host}:{port}: {e.strerror or e}"
 
 
 def import_ray():
@@ -120,6 +137,9 @@ class RayExecutor:
         if not ray.is_initialized():
             if self.address is None:
                 raise DsactlError("this process has joined no Ray cluster to run on (ray.init)")
+            why = unreachable(self.address) if self.address not in ("auto", "local") else None
+            if why:
+                raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster ({why})")
             try:
                 ray.init(address=None if self.address == "local" else self.address, include_dashboard=False,
                          log_to_driver=False, logging_level="error")
