@@ -178,7 +178,8 @@ def time_shape(shape: PipelineShape, timer: Timer, device: Any = "cuda", *, seed
 
         reference_us = _median(timer.events(run_reference))
     return PipelineRow(shape.batch, shape.context, shape.heads, shape.kv_format, shape.next_n, shape.topk,
-                       graph_us=_median(graph), graph_span_us=_median(timer.graph_span(run_step)), eager_us=_median(timer.events(run_step)),
+                       graph_us=_median(graph), graph_span_us=_median(timer.graph_span(run_step)),
+                       eager_us=_median(timer.events(run_step)),
                        kernels_us=_median(timer.kernels(run_step)), indexer_us=_median(timer.kernels(run_indexer)),
                        attention_us=_median(timer.kernels(run_attention)), reference_us=reference_us,
                        graph_method=graph_method, kernel_method=timer.kernel_method)

@@ -333,12 +333,8 @@ def measure_graph_span(fn: Callable[[], Any], iters: int, warmup: int, flusher: 
 
     if not _cupti_available():
         return None
-    graph = torch.cuda.CUDAGraph()
-    try:
-        with torch.cuda.graph(graph):
-            fn()
-    except Exception:  # a call that synchronizes or allocates on the host cannot be captured
-        torch.cuda.synchronize()
+    graph = _capture(fn)
+    if graph is None:
         return None
     for _ in range(warmup):
         graph.replay()
@@ -367,18 +363,25 @@ def _measure_torch_profiler(fn: Callable[[], Any], iters: int, flusher: L2Flushe
     return [t / 1e3 for t in totals]
 
 
-def _measure_cuda_graph(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> tuple[str, list[float]]:
+def _capture(fn: Callable[[], Any]) -> Any:
+    """fn captured once as a CUDA graph, or None when it cannot be (it synchronizes or allocates on the host)."""
     import torch
 
     graph = torch.cuda.CUDAGraph()
     try:
         with torch.cuda.graph(graph):
             fn()
-        run, method = graph.replay, "cuda-graph"
-    except Exception:  # a call that synchronizes or allocates on the host cannot be captured
+    except Exception:
         torch.cuda.synchronize()
-        run, method = fn, EVENTS_FALLBACK
-    return method, _time_with_events(run, iters, flusher)
+        return None
+    return graph
+
+
+def _measure_cuda_graph(fn: Callable[[], Any], iters: int, flusher: L2Flusher) -> tuple[str, list[float]]:
+    graph = _capture(fn)
+    if graph is None:
+        return EVENTS_FALLBACK, _time_with_events(fn, iters, flusher)
+    return "cuda-graph", _time_with_events(graph.replay, iters, flusher)
 
 
 def measure_events(fn: Callable[[], Any], iters: int, warmup: int, flusher: L2Flusher) -> list[float]:

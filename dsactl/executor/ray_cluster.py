@@ -137,7 +137,7 @@ class RayExecutor:
         if not ray.is_initialized():
             if self.address is None:
                 raise DsactlError("this process has joined no Ray cluster to run on (ray.init)")
-            why = unreachable(self.address) if self.address not in ("auto", "local") else None
+            why = unreachable(self.address)  # None for "auto" and "local": no port to try
             if why:
                 raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster ({why})")
             try:
