@@ -12,6 +12,8 @@
 #   contest    contest.csv/.json + PNGs: the contest suite, every solution against the reference
 #   attention  attention.csv/.json + PNGs: production attention shapes (16-128 heads, 1-512 tokens, bf16 and
 #              FP8 KV), with FlashMLA's sparse decode in the same run when it imports (below)
+#   prefill    prefill.csv/.json + PNGs: attention at 64/128 heads x 1024-8192 tokens over a 64K-token context,
+#              bf16 and FP8 KV, with FlashMLA's sparse prefill (bf16) and decode (FP8) kernels in the same run
 #   indexer    indexer.csv/.json + PNGs: the indexer at batch 1-128 x context 4K-128K
 #   topk       topk.csv/.json + PNGs: top-k with page translation, rows 1-128 x lengths 2K-128K
 #   pipeline   pipeline.csv/.json + pipeline/stages.png: the whole decode step (DecodeStep), batch 1-128 x
@@ -37,7 +39,7 @@ GPU=${GPU:-$(python3 -c "import torch; from dsactl.device import gpu_slug; print
 DIR=profiles/$GPU
 mkdir -p "$DIR"
 AREAS=("$@")
-[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention indexer topk pipeline ncu ncu-flashmla readme)
+[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention prefill indexer topk pipeline ncu ncu-flashmla readme)
 
 # cupti-python times kernels by CUPTI; a wheel carried in .carry/ installs where pip has no network.
 if ! python3 -c "from cupti import cupti" 2>/dev/null && ls .carry/cupti_python-*.whl >/dev/null 2>&1; then
@@ -77,6 +79,12 @@ for area in "${AREAS[@]}"; do
         echo "reproduce.sh: FlashMLA does not import: attention is timed without it" >&2
       bench attention --suite scale -d 'dsa_sparse_attention_*' -s dsactl-attention -s dsactl-attention-fp8kv \
         --no-reference --iters 20 --trials 2 "${baseline[@]}" ;;
+    prefill)
+      flashmla
+      baseline=(); python3 -c "import flash_mla" 2>/dev/null && baseline+=(-b flashmla) ||
+        echo "reproduce.sh: FlashMLA does not import: prefill is timed without it" >&2
+      bench prefill --suite prefill -d 'dsa_sparse_attention_*' -s dsactl-attention -s dsactl-attention-fp8kv \
+        --no-reference --iters 10 --trials 2 "${baseline[@]}" ;;
     indexer) bench indexer --suite scale -d 'dsa_topk_indexer_*' --no-reference --iters 20 --trials 2 ;;
     topk) bench topk --suite scale -d 'dsa_topk_page_transform_*' --no-reference --iters 20 --trials 2 ;;
     pipeline) "${DSACTL[@]}" bench --pipeline --iters 20 --warmup 5 --csv "$DIR/pipeline.csv" --json "$DIR/pipeline.json" --plot "$DIR/pipeline" ;;

@@ -432,7 +432,7 @@ IMPLEMENTATIONS = {"entry": _gpu_solution, "triton": lambda definition: _launche
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("suite_name", ["contest", "edge", "scale"])
+@pytest.mark.parametrize("suite_name", ["contest", "edge", "scale", "prefill"])
 def test_gpu_suites_match_reference(suite_name, impl):
     workloads = [w for w in suite(suite_name) if w.definition.startswith("dsa_sparse_attention")]
     assert workloads

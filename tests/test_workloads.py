@@ -33,6 +33,20 @@ def test_suites_are_deterministic_and_ids_unique():
         assert len({w.uuid for w in a}) == len(a)
 
 
+def test_prefill_suite_gathers_each_cached_token_many_times():
+    """Prefill chunks of 1K-8K query tokens over one 64K-token context, at the head counts FlashMLA's sparse
+    prefill kernel takes, both KV formats (FP8 with the model's power-of-two scales)."""
+    ws = workloads.suite("prefill")
+    assert {(get(w.definition).params["heads"], w.axes["num_tokens"]) for w in ws} == {
+        (h, t) for h in (64, 128) for t in (1024, 2048, 4096, 8192)}
+    assert {get(w.definition).params["fp8kv"] for w in ws} == {False, True}
+    for w in ws:
+        cached = w.axes["num_pages"] * 64
+        assert cached == 65536 and w.axes["num_tokens"] * 2048 >= 32 * cached
+        assert w.params.get("kv_scales") == ("ue8m0" if get(w.definition).params["fp8kv"] else None)
+    assert not {w.uuid for w in ws} & {w.uuid for w in workloads.suite("all")}  # GPU-sized: not in `all`
+
+
 def test_edge_suite_covers_the_adversarial_lengths():
     ws = workloads.suite("edge")
     lengths = {s for w in ws if "seq_lens" in w.params for s in w.params["seq_lens"]}

@@ -96,7 +96,7 @@ def register(app: typer.Typer) -> None:
         definition: Optional[str] = typer.Option(None, "--definition", "-d", help="Definition name or glob."),
         solution: Optional[List[str]] = typer.Option(None, "--solution", "-s",
                                                      help="Only these registered solutions (repeatable)."),
-        suite: str = typer.Option("contest", "--suite", help="Embedded suite: contest, scale, edge or all."),
+        suite: str = typer.Option("contest", "--suite", help="Embedded suite: contest, scale, prefill, edge, hostile or all."),
         dataset: Optional[str] = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder instead."),
         workload: list[str] = typer.Option(None, "--workload", "-w", help="Only this workload uuid; repeatable."),
         baseline: Optional[List[str]] = typer.Option(

@@ -43,7 +43,7 @@ def register(app: typer.Typer) -> None:
     def tune(
         ctx: typer.Context,
         definition: Optional[str] = typer.Option(None, "--definition", "-d", help="Definition name or glob."),
-        suite: str = typer.Option("contest", "--suite", help="Embedded suite: contest, scale, edge or all."),
+        suite: str = typer.Option("contest", "--suite", help="Embedded suite: contest, scale, prefill, edge, hostile or all."),
         warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed calls before each trial."),
         iters: int = typer.Option(50, "--iters", min=1, help="Timed calls per trial."),
         trials: int = typer.Option(3, "--trials", min=1, help="Timing trials, each with fresh inputs."),

@@ -1,4 +1,4 @@
-"""Workload suites (contest, scale, edge), flashinfer-bench datasets, and input making."""
+"""Workload suites (contest, scale, prefill, edge, hostile), flashinfer-bench datasets, and input making."""
 
 from __future__ import annotations
 

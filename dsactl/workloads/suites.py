@@ -1,4 +1,4 @@
-"""The embedded workload suites: contest (the default), scale, edge, hostile.
+"""The embedded workload suites: contest (the default), scale, prefill, edge, hostile.
 
 All are deterministic: the same suite always lists the same workloads (seeded
 by SUITE_SEED); inputs are drawn per call from make_inputs' seed.
@@ -15,8 +15,8 @@ from dsactl.fp8 import PAGE_SIZE
 from dsactl.workloads.workload import Workload
 
 SUITE_SEED = 2026
-SUITES = ("contest", "scale", "edge", "hostile")
-ALL = ("contest", "scale", "edge")  # `all`: hostile inputs are for verify, not for timing
+SUITES = ("contest", "scale", "prefill", "edge", "hostile")
+ALL = ("contest", "scale", "edge")  # `all`: hostile inputs are for verify, not timing; prefill is for GPUs (its size)
 # Suites small enough that verify runs them whole under the Triton interpreter (no --quick subset on CPU).
 INTERPRETER_SIZED = ("hostile",)
 
@@ -84,20 +84,27 @@ SCALE_TOPK_ROWS = (1, 8, 32, 64, 128)
 SCALE_TOPK_LENGTHS = (2049, 5824, 8192, 32768, 131072)
 
 
+def _attention_grid(suite_name: str, heads: tuple[int, ...], tokens: tuple[int, ...], num_pages: int) -> list[Workload]:
+    """Full rows of topk 2048 at every heads x tokens, bf16 and FP8 KV (FP8 with power-of-two scales, as the
+    model writes its cache)."""
+    out = []
+    for h in heads:
+        for t in tokens:
+            for fp8 in (False, True):
+                name = f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk2048_ps64" + ("_fp8kv" if fp8 else "")
+                out.append(_attention(f"{suite_name}-attention-h{h}-t{t}-{'fp8' if fp8 else 'bf16'}", suite_name,
+                                      f"h{h}", name, t, num_pages, pattern="full",
+                                      **({"kv_scales": "ue8m0"} if fp8 else {})))
+    return out
+
+
 def scale() -> list[Workload]:
     out = []
     for b in SCALE_INDEXER_BATCH:
         for ctx in SCALE_INDEXER_CONTEXT:
             out.append(_indexer(f"scale-indexer-b{b}-ctx{ctx}", "scale", f"ctx{ctx // 1024}k", CONTEST_INDEXER,
                                 [ctx] * b, _pages(ctx), b * _pages(ctx) + 64))
-    for h in SCALE_ATTENTION_HEADS:
-        for t in SCALE_ATTENTION_TOKENS:
-            for fp8 in (False, True):
-                name = f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk2048_ps64" + ("_fp8kv" if fp8 else "")
-                # FP8: power-of-two scales, as the model writes its cache.
-                out.append(_attention(f"scale-attention-h{h}-t{t}-{'fp8' if fp8 else 'bf16'}", "scale", f"h{h}",
-                                      name, t, SCALE_ATTENTION_NUM_PAGES, pattern="full",
-                                      **({"kv_scales": "ue8m0"} if fp8 else {})))
+    out += _attention_grid("scale", SCALE_ATTENTION_HEADS, SCALE_ATTENTION_TOKENS, SCALE_ATTENTION_NUM_PAGES)
     for bf16 in (False, True):
         for rows in SCALE_TOPK_ROWS:
             for length in SCALE_TOPK_LENGTHS:
@@ -105,6 +112,16 @@ def scale() -> list[Workload]:
                 out.append(_topk(f"scale-topk-r{rows}-len{length}-{'bf16' if bf16 else 'fp32'}", "scale",
                                  f"len{length}", name, [length] * rows))
     return out
+
+
+PREFILL_HEADS = (64, 128)  # the head counts FlashMLA's sparse prefill kernel takes, beside which it is timed
+PREFILL_TOKENS = (1024, 2048, 4096, 8192)  # query tokens of a prefill chunk
+PREFILL_NUM_PAGES = 1024  # a 64K-token context: each cached token is gathered 32 to 256 times
+
+
+def prefill() -> list[Workload]:
+    """Sparse attention at prefill sizes: thousands of query tokens over one long context."""
+    return _attention_grid("prefill", PREFILL_HEADS, PREFILL_TOKENS, PREFILL_NUM_PAGES)
 
 
 EDGE_LENGTHS = (1, 63, 64, 65, 2047, 2048, 2049, 5824, 6145)
@@ -212,7 +229,7 @@ def hostile() -> list[Workload]:
 
 
 def suite(name: str) -> list[Workload]:
-    makers = {"contest": contest, "scale": scale, "edge": edge, "hostile": hostile}
+    makers = {"contest": contest, "scale": scale, "prefill": prefill, "edge": edge, "hostile": hostile}
     if name == "all":
         return [w for suite_name in ALL for w in makers[suite_name]()]
     if name not in makers:
