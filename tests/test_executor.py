@@ -9,6 +9,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections import Counter
 
@@ -245,6 +246,61 @@ def test_an_address_nothing_answers_at_fails_in_one_line_at_once():
     assert r.stderr.strip().startswith(f"error: --ray 127.0.0.1:{port}: cannot reach a Ray cluster (nothing "
                                        f"answers at 127.0.0.1:{port}") and len(r.stderr.strip().splitlines()) == 1
     assert time.monotonic() - start < 60, "not Ray's minute of retries"
+
+
+class _Listener:
+    """A local TCP server that accepts every connection and answers it with `reply` (empty: says nothing)."""
+
+    def __init__(self, reply: bytes):
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.port = self.server.getsockname()[1]
+        self.reply = reply
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            with conn:
+                if self.reply:
+                    conn.sendall(self.reply)
+                conn.recv(1024)
+
+    def close(self):
+        self.server.close()
+
+
+def test_an_address_that_answers_but_is_no_ray_cluster_fails_in_one_line_at_once():
+    """A port that accepts connections but is no gRPC server (silent, or another protocol) is refused in
+    a second, before Ray's client would retry it for a minute; an HTTP/2 server's SETTINGS passes."""
+    pytest.importorskip("ray")
+    from dsactl.executor.ray_cluster import SETTINGS_FRAME, unreachable
+
+    for reply in (b"", b"HTTP/1.1 400 Bad Request\r\n\r\n", b"\x00" * 16):
+        listener = _Listener(reply)
+        try:
+            why = unreachable(f"127.0.0.1:{listener.port}", timeout=1)
+            assert why == f"127.0.0.1:{listener.port} answers, but is no gRPC server, as Ray's ports are", reply
+        finally:
+            listener.close()
+    grpc_like = _Listener(bytes([0, 0, 0, SETTINGS_FRAME, 0, 0, 0, 0, 0]))  # an empty SETTINGS frame
+    try:
+        assert unreachable(f"127.0.0.1:{grpc_like.port}", timeout=1) is None
+        assert unreachable(f"ray://127.0.0.1:{grpc_like.port}", timeout=1) is None
+    finally:
+        grpc_like.close()
+    silent = _Listener(b"")
+    try:
+        start = time.monotonic()
+        r = _dsactl("verify", "--suite", "hostile", "-w", "hostile-after-topk", "--ray", f"127.0.0.1:{silent.port}")
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert r.stderr.strip() == (f"error: --ray 127.0.0.1:{silent.port}: cannot reach a Ray cluster (127.0.0.1:"
+                                    f"{silent.port} answers, but is no gRPC server, as Ray's ports are)"), r.stderr
+        assert time.monotonic() - start < 60, "not Ray's minute of retries"
+    finally:
+        silent.close()
 
 
 def test_ray_option_without_ray_installed_says_how_to_get_it():

@@ -19,22 +19,47 @@ from dsactl.executor.dispatch import WorkerLost, dispatch
 RESTARTS = 2  # times Ray restarts a dead actor
 TASK_RETRIES = 1  # times Ray re-runs a call whose actor died (a kernel that kills its process twice is failed)
 PING_TIMEOUT_S = 120  # an actor that Ray is restarting answers once it is back
-# A cluster address is tried with a plain TCP connection first: Ray's own client retries a silent address
-# for a minute and then ends the process, where a one-line error is due.
+# A cluster address is tried first: Ray's own client retries an address that is silent, or that answers
+# but is no Ray cluster, for a minute and then ends the process, where a one-line error is due. Both of
+# Ray's ports (the GCS, host:port; the Ray Client server, ray://host:port) are gRPC servers, which answer
+# the HTTP/2 client preface with a SETTINGS frame (RFC 9113, 3.4).
 CONNECT_TIMEOUT_S = 5
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS
+FRAME_HEADER_BYTES = 9
+SETTINGS_FRAME = 4  # an HTTP/2 frame header's type byte (its fourth)
+
+
+def _first_frame_header(conn: socket.socket) -> bytes:
+    """Up to a frame header's bytes of what the server sends back, fewer where it closes first."""
+    got = b""
+    while len(got) < FRAME_HEADER_BYTES:
+        chunk = conn.recv(FRAME_HEADER_BYTES - len(got))
+        if not chunk:
+            break
+        got += chunk
+    return got
 
 
 def unreachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
-    """Why nothing answers at address's host:port (ray://host:port or host:port), or None when a TCP
-    connection opens (or the address has no port to try: Ray parses and reports it)."""
+    """Why address's host:port (ray://host:port or host:port) is no Ray cluster to join: nothing answers
+    there, or what answers is no gRPC server. None when a gRPC server answers (or the address has no port
+    to try: Ray parses and reports it)."""
     host, sep, port = address.removeprefix("ray://").rpartition(":")
     if not sep or not host or not port.isdigit():
         return None
     try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            return None
+        conn = socket.create_connection((host.strip("[]"), int(port)), timeout=timeout)
     except OSError as e:
         return f"nothing answers at {host}:{port}: {e.strerror or e}"
+    with conn:
+        try:
+            conn.sendall(HTTP2_PREFACE)
+            header = _first_frame_header(conn)
+        except OSError:  # a timeout, or the connection reset
+            header = b""
+    if len(header) == FRAME_HEADER_BYTES and header[3] == SETTINGS_FRAME:
+        return None
+    return f"{host}:{port} answers, but is no gRPC server, as Ray's ports are"
 
 
 def import_ray():
