@@ -272,7 +272,7 @@ class _Listener:
         self.server.close()
 
 
-def test_an_address_that_answers_but_is_no_ray_cluster_fails_in_one_line_at_once():
+def test_an_address_that_answers_but_is_no_ray_cluster_fails_in_one_line_at_once(monkeypatch):
     """A port that accepts connections but is no gRPC server (silent, or another protocol) is refused in
     a second, before Ray's client would retry it for a minute; an HTTP/2 server's SETTINGS passes."""
     pytest.importorskip("ray")
@@ -285,6 +285,13 @@ def test_an_address_that_answers_but_is_no_ray_cluster_fails_in_one_line_at_once
             assert why == f"127.0.0.1:{listener.port} answers, but is no gRPC server, as Ray's ports are", reply
         finally:
             listener.close()
+    tls = _Listener(b"")  # a TLS cluster's handshake comes first: only the connection is tried
+    try:
+        with monkeypatch.context() as m:
+            m.setenv("RAY_USE_TLS", "1")
+            assert unreachable(f"127.0.0.1:{tls.port}", timeout=1) is None
+    finally:
+        tls.close()
     grpc_like = _Listener(bytes([0, 0, 0, SETTINGS_FRAME, 0, 0, 0, 0, 0]))  # an empty SETTINGS frame
     try:
         assert unreachable(f"127.0.0.1:{grpc_like.port}", timeout=1) is None

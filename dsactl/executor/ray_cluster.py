@@ -9,6 +9,7 @@ here and only when --ray is given.
 
 from __future__ import annotations
 
+import os
 import socket
 from typing import Any, Callable, Iterator, Sequence
 
@@ -22,11 +23,12 @@ PING_TIMEOUT_S = 120  # an actor that Ray is restarting answers once it is back
 # A cluster address is tried first: Ray's own client retries an address that is silent, or that answers
 # but is no Ray cluster, for a minute and then ends the process, where a one-line error is due. Both of
 # Ray's ports (the GCS, host:port; the Ray Client server, ray://host:port) are gRPC servers, which answer
-# the HTTP/2 client preface with a SETTINGS frame (RFC 9113, 3.4).
+# the HTTP/2 client preface with a SETTINGS frame (RFC 9113, 3.4); over TLS (RAY_USE_TLS) only the
+# connection is tried, as the handshake comes first there.
 CONNECT_TIMEOUT_S = 5
-HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + an empty SETTINGS
 FRAME_HEADER_BYTES = 9
 SETTINGS_FRAME = 4  # an HTTP/2 frame header's type byte (its fourth)
+HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, SETTINGS_FRAME, 0, 0, 0, 0, 0])  # + empty SETTINGS
 
 
 def _first_frame_header(conn: socket.socket) -> bytes:
@@ -52,6 +54,8 @@ def unreachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
     except OSError as e:
         return f"nothing answers at {host}:{port}: {e.strerror or e}"
     with conn:
+        if os.environ.get("RAY_USE_TLS", "0").lower() in ("1", "true"):
+            return None
         try:
             conn.sendall(HTTP2_PREFACE)
             header = _first_frame_header(conn)
