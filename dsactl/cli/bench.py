@@ -10,6 +10,7 @@ import typer
 
 from dsactl.cli import workers
 from dsactl.cli.render import console, err_console
+from dsactl.cli.suites import SUITE_HELP
 from dsactl.errors import DsactlError
 
 # Exit codes: 0 ok; 1 a regression against --compare, or a solution failed to run;
@@ -96,7 +97,7 @@ def register(app: typer.Typer) -> None:
         definition: Optional[str] = typer.Option(None, "--definition", "-d", help="Definition name or glob."),
         solution: Optional[List[str]] = typer.Option(None, "--solution", "-s",
                                                      help="Only these registered solutions (repeatable)."),
-        suite: str = typer.Option("contest", "--suite", help="Embedded suite: contest, scale, prefill, edge, hostile or all."),
+        suite: str = typer.Option("contest", "--suite", help=f"{SUITE_HELP} Default: contest."),
         dataset: Optional[str] = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder instead."),
         workload: list[str] = typer.Option(None, "--workload", "-w", help="Only this workload uuid; repeatable."),
         baseline: Optional[List[str]] = typer.Option(

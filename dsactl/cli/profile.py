@@ -10,6 +10,7 @@ import typer
 
 from dsactl.cli.paths import output_dir
 from dsactl.cli.render import console, table
+from dsactl.cli.suites import SUITE_HELP
 
 MAX_PRINTED_LAUNCHES = 40
 CLASS_SHOWN = ("solution", "kernel", "class", "launches", "duration_us", "active_sms", "sms", "sm_pct", "l1_pct",
@@ -36,7 +37,7 @@ def register(app: typer.Typer) -> None:
         solution: str = typer.Option(None, "--solution", help="Only this solution (default: every shipped one)."),
         baseline: list[str] = typer.Option(None, "--baseline", "-b", help="Also profile this baseline kernel on the "
                                            "same workloads, as bench runs it (e.g. flashmla); repeatable."),
-        suite: str = typer.Option(None, "--suite", help="Workload suite: contest (default), scale, edge, all."),
+        suite: str = typer.Option(None, "--suite", help=f"{SUITE_HELP} Default: contest."),
         dataset: str = typer.Option(None, "--dataset", help="A flashinfer-bench dataset folder instead of a suite."),
         workload: list[str] = typer.Option(None, "--workload", "-w", help="Only this workload id; repeatable."),
         seed: int = typer.Option(0, "--seed", help="Seed of the generated inputs."),

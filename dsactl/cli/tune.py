@@ -12,6 +12,7 @@ import typer
 from dsactl.cli import workers
 from dsactl.cli.paths import output_dir
 from dsactl.cli.render import console, table
+from dsactl.cli.suites import SUITE_HELP
 
 
 def _us(x: float | None) -> str:
@@ -43,7 +44,7 @@ def register(app: typer.Typer) -> None:
     def tune(
         ctx: typer.Context,
         definition: Optional[str] = typer.Option(None, "--definition", "-d", help="Definition name or glob."),
-        suite: str = typer.Option("contest", "--suite", help="Embedded suite: contest, scale, prefill, edge, hostile or all."),
+        suite: str = typer.Option("contest", "--suite", help=f"{SUITE_HELP} Default: contest."),
         warmup: int = typer.Option(10, "--warmup", min=0, help="Untimed calls before each trial."),
         iters: int = typer.Option(50, "--iters", min=1, help="Timed calls per trial."),
         trials: int = typer.Option(3, "--trials", min=1, help="Timing trials, each with fresh inputs."),

@@ -11,6 +11,7 @@ import typer
 from dsactl.cli import workers
 from dsactl.cli.paths import output_dir, output_file
 from dsactl.cli.render import console, table, write_json
+from dsactl.cli.suites import SUITE_HELP
 from dsactl.errors import DsactlError
 
 # Exit codes: 0 every verified pair passed; 1 a failure, an error or a sanitizer finding;
@@ -146,9 +147,8 @@ def register(app: typer.Typer) -> None:
                                                      help="Registered solution to verify (repeatable); default: "
                                                           "every solution serving the chosen definitions."),
         suite: Optional[str] = typer.Option(None, "--suite",
-                                            help="Workload suite: contest (default) | scale | edge | all "
-                                                 "(those three) | hostile (values outside the contracts); "
-                                                 "--workload ids are looked up in every suite unless given."),
+                                            help=f"{SUITE_HELP} Default: contest; --workload ids are looked "
+                                                 "up in every suite unless given."),
         dataset: Optional[Path] = typer.Option(None, "--dataset", help="flashinfer-bench dataset folder "
                                                                        "(replaces --suite)."),
         bundle: Optional[Path] = typer.Option(None, "--bundle", help="Solution JSON bundle (dsactl pack) to verify."),
