@@ -5,10 +5,14 @@ same verdicts as a plain run, every workload comes back exactly once when worker
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
+import secrets
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections import Counter
@@ -211,9 +215,9 @@ def test_a_ray_run_that_loses_every_actor_reports_each_job_once(local_ray):
 
 # ---------------------------------------------------------------- the command line
 
-def _dsactl(*args, prelude=""):
+def _dsactl(*args, prelude="", env=None):
     code = f"import sys; {prelude}sys.argv = ['dsactl', *{list(args)!r}]; from dsactl.cli import main; main()"
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
 
 
 @pytest.mark.parametrize("args, message", [
@@ -308,6 +312,60 @@ def test_an_address_that_answers_but_is_no_ray_cluster_fails_in_one_line_at_once
         assert time.monotonic() - start < 60, "not Ray's minute of retries"
     finally:
         silent.close()
+
+
+@pytest.fixture(scope="module")
+def token_cluster(tmp_path_factory):
+    """A Ray head on this machine that asks every client for a token (Ray's token authentication), and an
+    environment without one: a HOME with no ~/.ray/auth_token and no RAY_AUTH_* variables."""
+    pytest.importorskip("ray")
+    if importlib.util.find_spec("ray._private.authentication") is None:
+        pytest.skip("this Ray has no token authentication")
+    from dsactl.executor.ray_cluster import unreachable
+
+    home = tmp_path_factory.mktemp("home")
+    # Its own temp dir: Ray records the last cluster started in the default one, where a later plain
+    # ray.init() would try to join it. Short, as Ray's socket paths live under it.
+    temp_dir = tempfile.mkdtemp(prefix="dsactl-ray-")
+    token, port = secrets.token_hex(32), _closed_port()
+    bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    bare.update(HOME=str(home), RAY_gcs_server_port_wait_time_s="1")  # one try to join, not Ray's twenty
+    head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+                             "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats", "--block",
+                             f"--temp-dir={temp_dir}"],
+                            env={**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while unreachable(f"127.0.0.1:{port}", timeout=1) is not None:
+            assert head.poll() is None and time.monotonic() < deadline, "the Ray head did not start"
+            time.sleep(0.5)
+        yield port, token, bare
+    finally:
+        head.terminate()
+        head.wait(timeout=60)
+        shutil.rmtree(temp_dir, ignore_errors=True)
+
+
+def test_a_cluster_that_asks_for_a_token_says_how_to_give_it(token_cluster):
+    """Ray sends a token to an address given by hand only under RAY_AUTH_MODE=token; without it, or with
+    the wrong token, the error says so in one line, and with the cluster's token the sweep runs there."""
+    port, token, bare = token_cluster
+    run = ("verify", "--suite", "hostile", "-w", "hostile-after-topk", "--ray", f"127.0.0.1:{port}")
+    cannot = f"error: --ray 127.0.0.1:{port}: cannot reach a Ray cluster ("
+    # Ray's native client logs each refused try to stderr itself; the error is the last line.
+    r = _dsactl(*run, env=bare)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines()[-1] == cannot + (
+        "it asks for a token, which Ray sends to an address given by hand only with RAY_AUTH_MODE=token: set it, "
+        "with the cluster's token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"), r.stderr
+    r = _dsactl(*run, env={**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)})
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip().splitlines()[-1] == cannot + ("it refused this process's token: give the cluster's own in "
+                                         "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"), r.stderr
+    r = _dsactl(*run, env={**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "Ray, 1 actor, one per CPU" in r.stdout + r.stderr and "passed" in r.stdout, r.stdout + r.stderr
 
 
 def test_ray_option_without_ray_installed_says_how_to_get_it():

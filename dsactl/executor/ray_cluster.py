@@ -66,6 +66,23 @@ def unreachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
     return f"{host}:{port} answers, but is no gRPC server, as Ray's ports are"
 
 
+def join_failure(error: BaseException) -> str:
+    """Why ray.init could not join, in one line. A cluster that refused this process's token (Ray's token
+    authentication) is named as such: Ray's own line says only that it failed to connect, and keeps the
+    reason in the text of the error it chains."""
+    chain = [error]
+    while chain[-1].__cause__ is not None and len(chain) < 8:
+        chain.append(chain[-1].__cause__)
+    if any("AuthenticationError" in str(e) for e in chain):
+        if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
+            return ("it refused this process's token: give the cluster's own in RAY_AUTH_TOKEN, "
+                    "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token")
+        # Ray sends a token to an address given by hand only when told to: it would leak to any host named.
+        return ("it asks for a token, which Ray sends to an address given by hand only with RAY_AUTH_MODE=token: "
+                "set it, with the cluster's token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token")
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def import_ray():
     try:
         import ray
@@ -173,8 +190,7 @@ class RayExecutor:
                 ray.init(address=None if self.address == "local" else self.address, include_dashboard=False,
                          log_to_driver=False, logging_level="error")
             except (ConnectionError, RuntimeError, ValueError) as e:
-                raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster "
-                                  f"({(str(e).strip().splitlines() or [''])[0]})") from None
+                raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster ({join_failure(e)})") from None
             self.owned = True
         resources = ray.cluster_resources()
         gpus = int(resources.get("GPU", 0))
@@ -190,7 +206,7 @@ class RayExecutor:
     def describe(self) -> str:
         workers = self._join()
         kind = "GPU" if workers.gpus else "CPU (the cluster has no GPU: Triton under the interpreter)"
-        return f"Ray, {workers.count} actors, one per {kind}"
+        return f"Ray, {workers.count} actor{'' if workers.count == 1 else 's'}, one per {kind}"
 
     def close(self) -> None:
         if self._workers is not None:
