@@ -75,6 +75,18 @@ def test_host_executor_spreads_jobs_over_its_gpus_one_at_a_time_each():
         assert all(end <= next_start for (_, end), (next_start, _) in zip(spans, spans[1:])), "serial per GPU"
 
 
+def test_workers_on_the_cpu_have_no_capability_and_size_a_sweep_for_the_interpreter():
+    from dsactl.executor.local import LocalExecutor
+
+    ex = HostExecutor(["0", "1"])
+    try:
+        assert ex.capabilities() == [None, None]
+        assert not executor.on_gpus(ex)
+    finally:
+        ex.close()
+    assert LocalExecutor().capabilities() == [None] and not executor.on_gpus(LocalExecutor())
+
+
 def test_closing_the_host_executor_ends_its_workers_without_waiting_for_their_teardown():
     ex = HostExecutor(["0", "1"])
     try:
@@ -160,7 +172,7 @@ def local_ray():
     # The actors import this file's helpers and broken_solutions by name, as the host workers do.
     here = os.path.dirname(os.path.abspath(__file__))
     path = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error",
+    ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level="error",
              runtime_env={"env_vars": {"PYTHONPATH": path}})
     yield ray
     ray.shutdown()
@@ -173,6 +185,7 @@ def test_verify_on_ray_gives_the_plain_run_verdicts(local_ray, local_report):
     ex = RayExecutor(None)
     try:
         assert ex.describe() == "Ray, 2 actors, one per CPU (the cluster has no GPU: Triton under the interpreter)"
+        assert ex.capabilities() == [None, None]
         report = runner.verify(cands, chosen, trials=1, executor=ex)
     finally:
         ex.close()
@@ -316,8 +329,9 @@ def test_an_address_that_answers_but_is_no_ray_cluster_fails_in_one_line_at_once
 
 @pytest.fixture(scope="module")
 def token_cluster(tmp_path_factory):
-    """A Ray head on this machine that asks every client for a token (Ray's token authentication), and an
-    environment without one: a HOME with no ~/.ray/auth_token and no RAY_AUTH_* variables."""
+    """A Ray head on this machine that asks every client for a token (Ray's token authentication) and counts
+    one GPU, whether or not one is here; and an environment without a token: a HOME with no
+    ~/.ray/auth_token and no RAY_AUTH_* variables."""
     pytest.importorskip("ray")
     if importlib.util.find_spec("ray._private.authentication") is None:
         pytest.skip("this Ray has no token authentication")
@@ -331,8 +345,8 @@ def token_cluster(tmp_path_factory):
     bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     bare.update(HOME=str(home), RAY_gcs_server_port_wait_time_s="1")  # one try to join, not Ray's twenty
     head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-                             "--num-cpus=1", "--include-dashboard=false", "--disable-usage-stats", "--block",
-                             f"--temp-dir={temp_dir}"],
+                             "--num-cpus=1", "--num-gpus=1", "--include-dashboard=false", "--disable-usage-stats",
+                             "--block", f"--temp-dir={temp_dir}"],
                             env={**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -349,7 +363,10 @@ def token_cluster(tmp_path_factory):
 
 def test_a_cluster_that_asks_for_a_token_says_how_to_give_it(token_cluster):
     """Ray sends a token to an address given by hand only under RAY_AUTH_MODE=token; without it, or with
-    the wrong token, the error says so in one line, and with the cluster's token the sweep runs there."""
+    the wrong token, the error says so in one line, and with the cluster's token the sweep runs there, on
+    the device its actor has (Ray's GPU count is not taken for one)."""
+    from dsactl.device import has_cuda_gpu
+
     port, token, bare = token_cluster
     run = ("verify", "--suite", "hostile", "-w", "hostile-after-topk", "--ray", f"127.0.0.1:{port}")
     cannot = f"error: --ray 127.0.0.1:{port}: cannot reach a Ray cluster ("
@@ -365,7 +382,84 @@ def test_a_cluster_that_asks_for_a_token_says_how_to_give_it(token_cluster):
                                          "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"), r.stderr
     r = _dsactl(*run, env={**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token})
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "Ray, 1 actor, one per CPU" in r.stdout + r.stderr and "passed" in r.stdout, r.stdout + r.stderr
+    header = next(line for line in r.stdout.splitlines() if line.startswith("verify: "))
+    assert header.endswith("device cuda" if has_cuda_gpu() else "device cpu (no CUDA GPU: Triton runs under the "
+                                                                 "interpreter)"), header
+    assert "on Ray, 1 actor, one per GPU" in r.stdout and "passed" in r.stdout, r.stdout + r.stderr
+
+
+class _RemoteGpus:
+    """An executor whose workers report GPUs this process does not have (a Ray cluster joined from a
+    laptop); every job it is handed comes back lost, so only what the driver decided shows."""
+
+    local = False
+
+    def __init__(self, capabilities):
+        self.found = list(capabilities)
+
+    def capabilities(self):
+        return list(self.found)
+
+    def map(self, fn, jobs, started=None):
+        for index in range(len(jobs)):
+            if started:
+                started(index)
+            yield executor.Done(index, None, None, error="no such worker")
+
+    def describe(self):
+        return f"{len(self.found)} remote workers"
+
+    def close(self):
+        pass
+
+
+def test_the_workers_gpus_not_this_process_size_a_verify_sweep(monkeypatch, capsys):
+    """Without a GPU here, a plain run verifies the --quick subset under the interpreter; workers on GPUs
+    (Ray from a laptop) get every workload, sized for the GPU, and the report names their device."""
+    from dsactl import cli
+
+    def verify_header(workers) -> str:
+        monkeypatch.setattr(executor, "choose", lambda gpus, ray: workers)
+        monkeypatch.setattr(sys, "argv", ["dsactl", "verify", "--suite", "scale", "-d", "dsa_sparse_attention_h16_*",
+                                          "--ray", "auto"])
+        with pytest.raises(SystemExit):
+            cli.main()
+        return next(line for line in capsys.readouterr().out.splitlines() if line.startswith("verify: "))
+
+    monkeypatch.setattr("dsactl.device.has_cuda_gpu", lambda: False)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    full = len(select("scale", definition="dsa_sparse_attention_h16_*"))
+    on_gpus = verify_header(_RemoteGpus([(9, 0), (9, 0)]))
+    assert on_gpus.startswith(f"verify: {full} workloads,") and on_gpus.endswith("device cuda"), on_gpus
+    on_cpus = verify_header(_RemoteGpus([None, None]))
+    assert "(--quick)" in on_cpus and on_cpus.endswith("device cpu (no CUDA GPU: Triton runs under the "
+                                                       "interpreter)"), on_cpus
+
+
+def test_tune_plans_for_its_workers_capability_and_refuses_two(monkeypatch, capsys):
+    from dsactl import cli
+    from dsactl.tune import sweep
+
+    assert sweep.workers_capability(_RemoteGpus([(9, 0), (9, 0)])) == (9, 0)
+    assert sweep.workers_capability(_RemoteGpus([None])) is None
+    monkeypatch.setattr("dsactl.device.has_cuda_gpu", lambda: False)
+    for found, message in (([None, None], sweep.NO_GPU),
+                           ([(9, 0), (10, 0)], "tune: the workers' GPUs differ in compute capability (9.0, 10.0)"),
+                           ([(9, 0), None], "tune: the workers' GPUs differ in compute capability (CPU, 9.0)")):
+        monkeypatch.setattr(executor, "choose", lambda gpus, ray: _RemoteGpus(found))
+        monkeypatch.setattr(sys, "argv", ["dsactl", "tune", "-d", "dsa_sparse_attention_*", "--ray", "auto"])
+        with pytest.raises(SystemExit) as exit_:
+            cli.main()
+        err = capsys.readouterr().err
+        assert exit_.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1, err
+
+
+def test_ray_local_starts_a_cluster_here_whatever_ray_address_names():
+    pytest.importorskip("ray")
+    dead = f"127.0.0.1:{_closed_port()}"
+    r = _dsactl("verify", "--suite", "hostile", "-w", "hostile-after-topk", "--ray", "local",
+                env={**os.environ, "RAY_ADDRESS": dead})
+    assert r.returncode == 0 and "passed" in r.stdout, r.stdout + r.stderr
 
 
 def test_ray_option_without_ray_installed_says_how_to_get_it():

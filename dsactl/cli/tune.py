@@ -62,7 +62,6 @@ def register(app: typer.Typer) -> None:
         workloads, and write the winners into this GPU's entries of the tuned tables."""
         from dsactl.tune import sweep
 
-        sweep.require_gpu()
         output_dir(out, "--out")
         from dsactl import workloads as wl
         from dsactl.bench import timing
@@ -72,6 +71,7 @@ def register(app: typer.Typer) -> None:
         chosen = wl.select(suite, None, definition)
         command = shlex.join(["dsactl", *sys.argv[1:]])
         run_on = workers.executor(ctx, gpus, ray)
+        sweep.require_gpu(run_on)
         settings = Settings(warmup, iters, trials, verify_trials, method)
         with console.status("tune") as status:
             plan, results = sweep.tune(chosen, settings, command, run_on,

@@ -179,11 +179,12 @@ def register(app: typer.Typer) -> None:
         output_file(json_path, "--json")
         output_dir(save_failures, "--save-failures")
         run_on = workers.executor(ctx, gpus, ray)
-        import torch
+        from dsactl import executor as executors
+        from dsactl.device import has_cuda_gpu
 
-        gpu = torch.cuda.is_available()
-        if not gpu:
-            # Triton kernels decorated from here on run on the CPU under the interpreter.
+        gpu_here = has_cuda_gpu()
+        if not gpu_here:
+            # Triton kernels decorated in this process from here on run on the CPU under the interpreter.
             os.environ.setdefault("TRITON_INTERPRET", "1")
         from dsactl.verify import rules
 
@@ -191,7 +192,7 @@ def register(app: typer.Typer) -> None:
         if sanitize:
             from dsactl.verify import sanitize as sanitizer
 
-            if not gpu:
+            if not gpu_here:
                 raise DsactlError("--sanitize needs a CUDA GPU (compute-sanitizer watches device code)")
             sanitizer.find_sanitizer()
 
@@ -205,6 +206,9 @@ def register(app: typer.Typer) -> None:
         cands, explicit = _candidates(names, bundle, {w.definition for w in chosen})
         if explicit:
             chosen = [w for w in chosen if any(c.serves(w.definition) for c in cands)]
+        # The workers' devices size the sweep, not this process's; asked now, after the selection, which
+        # their warm-up overlaps.
+        gpu = executors.on_gpus(run_on)
         use_quick = quick or (not gpu and not workload and suite not in INTERPRETER_SIZED)
         left_out = []
         if use_quick:
@@ -221,7 +225,7 @@ def register(app: typer.Typer) -> None:
             console.print(f"calls-only: {len(calls)} calls, {failures} raised")
             raise typer.Exit(EXIT_FAILED if failures else 0)
 
-        device = runner.default_device()
+        device = "cuda" if gpu else "cpu"
         note = "" if gpu else " (no CUDA GPU: Triton runs under the interpreter)"
         quick_note = f" of {len(chosen) + sum(s.workloads for s in left_out)} (--quick)" if left_out else ""
         console.print(f"verify: {len(chosen)}{quick_note} workloads, {len(cands)} solutions, {trials} trials, "

@@ -40,11 +40,23 @@ class Executor(Protocol):
         """Run fn on every job; started(index) when a job is handed to a worker; Done in completion order."""
         ...
 
+    def capabilities(self) -> list[tuple[int, int] | None]:
+        """Each live worker's GPU compute capability, None for a worker on the CPU (Triton under the
+        interpreter): what the workers run on, which need not be what this process has."""
+        ...
+
     def describe(self) -> str:
         ...
 
     def close(self) -> None:
         ...
+
+
+def on_gpus(executor: Executor) -> bool:
+    """Whether every worker runs on a GPU: a sweep is sized for the GPU only then (a CPU worker runs
+    Triton under the interpreter, where full-size workloads take hours)."""
+    found = executor.capabilities()
+    return bool(found) and all(c is not None for c in found)
 
 
 def parse_gpus(text: str) -> list[str] | None:

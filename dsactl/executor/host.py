@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from dsactl.errors import DsactlError
 from dsactl.executor import Done, Placement
 from dsactl.executor.dispatch import WorkerLost, dispatch
-from dsactl.executor.placement import warm_up
+from dsactl.executor.placement import capability, warm_up
 
 RETRIES = 1  # workers a job may cost before it is reported as failed (a kernel that kills its process)
 RESTARTS = 2  # fresh workers a GPU gets after losing one; then its jobs go to the other GPUs
@@ -148,6 +148,15 @@ class HostExecutor:
     def map(self, fn: Callable[[Any], Any], jobs: Sequence[Any],
             started: Callable[[int], None] | None = None) -> Iterator[Done]:
         return dispatch(self._workers, fn, jobs, self.retries, started)
+
+    def capabilities(self) -> list[tuple[int, int] | None]:
+        found = []
+        for worker in self._workers.start():
+            try:  # asked of the worker (queued behind its warm-up): its torch may see no GPU where the driver does
+                found.append(worker.pool.submit(capability).result())
+            except BrokenProcessPool:  # it died warming up: its job will find out, and its GPU get a fresh one
+                continue
+        return found
 
     def describe(self) -> str:
         return f"{len(self.gpus)} worker processes, one per GPU ({','.join(self.gpus)})"

@@ -19,6 +19,11 @@ class LocalExecutor:
                 started(index)
             yield Done(index, fn(job), here())
 
+    def capabilities(self) -> list[tuple[int, int] | None]:
+        from dsactl.executor.placement import capability
+
+        return [capability()]
+
     def describe(self) -> str:
         return "this process"
 

@@ -24,6 +24,18 @@ def here() -> Placement:
     return Placement(props.name, f"GPU-{uuid}" if uuid is not None else "", host)
 
 
+def capability() -> tuple[int, int] | None:
+    """The compute capability of the first GPU this process sees, None without one."""
+    from dsactl.device import has_cuda_gpu
+
+    if not has_cuda_gpu():
+        return None
+    import torch
+
+    major, minor = torch.cuda.get_device_capability(0)
+    return major, minor
+
+
 def use_interpreter_without_gpu() -> None:
     """Triton kernels run under the CPU interpreter when this process has no GPU; the flag must be set
     before the first kernel is decorated, so a worker sets it before it imports any solution."""

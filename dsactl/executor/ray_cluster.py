@@ -103,6 +103,11 @@ class RayWorker:
     def ping(self) -> bool:
         return True
 
+    def capability(self) -> tuple[int, int] | None:
+        from dsactl.executor.placement import capability
+
+        return capability()
+
     def run(self, fn: Callable[[Any], Any], job: Any) -> tuple[Any, Placement]:
         from dsactl.executor.placement import here
 
@@ -187,7 +192,8 @@ class RayExecutor:
             if why:
                 raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster ({why})")
             try:
-                ray.init(address=None if self.address == "local" else self.address, include_dashboard=False,
+                # "local" as it is: address=None would join a cluster RAY_ADDRESS or Ray's last-cluster file names.
+                ray.init(address=self.address, include_dashboard=False,
                          log_to_driver=False, logging_level="error")
             except (ConnectionError, RuntimeError, ValueError) as e:
                 raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster ({join_failure(e)})") from None
@@ -202,6 +208,17 @@ class RayExecutor:
             started: Callable[[int], None] | None = None) -> Iterator[Done]:
         # Ray already re-ran a call whose actor died; what comes back lost stays lost.
         return dispatch(self._join(), fn, jobs, 0, started)
+
+    def capabilities(self) -> list[tuple[int, int] | None]:
+        workers = self._join()
+        actors = workers.start()
+        if not workers.gpus:
+            return [None] * len(actors)
+        try:  # each actor asked: a node's torch may see no GPU where Ray counts one
+            return self.ray.get([a.capability.remote() for a in actors], timeout=PING_TIMEOUT_S)
+        except Exception as e:  # an actor that cannot start is no worker to size the sweep for
+            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
+            raise DsactlError(f"the Ray actors did not start ({why})") from None
 
     def describe(self) -> str:
         workers = self._join()

@@ -17,10 +17,21 @@ from dsactl.workloads import Workload
 NO_GPU = "dsactl tune needs a CUDA GPU: it times candidates on the GPU whose table it writes"
 
 
-def require_gpu() -> None:
-    from dsactl.device import has_cuda_gpu
+def workers_capability(executor: Any) -> tuple[int, int] | None:
+    """The one compute capability the workers' GPUs share (None: they run on the CPU). The plan picks each
+    workload's kernel for it, so workers of two capabilities are refused rather than given a plan made
+    for the other."""
+    found = set(executor.capabilities())
+    if len(found) > 1:
+        shown = ", ".join("CPU" if c is None else f"{c[0]}.{c[1]}" for c in sorted(found, key=lambda c: c or (0, 0)))
+        raise DsactlError(f"tune: the workers' GPUs differ in compute capability ({shown}); the dispatch picks "
+                          "kernels per capability, so tune one GPU type a run (--gpus naming GPUs of one type)")
+    return found.pop() if found else None
 
-    if not has_cuda_gpu():
+
+def require_gpu(executor: Any) -> None:
+    """Every worker of executor (this process, or those --gpus / --ray start) runs on a GPU of one capability."""
+    if workers_capability(executor) is None:
         raise DsactlError(NO_GPU)
 
 
@@ -103,14 +114,12 @@ def _device(device: str) -> Any:
 def tune(workloads: Sequence[Workload], settings: Settings, command: str, executor: Any = None,
          on_start: Callable[[Job], None] | None = None,
          on_done: Callable[[BucketResult], None] | None = None) -> tuple[Plan, list[BucketResult]]:
-    """Every bucket of workloads through executor (default: this process); results in plan order."""
-    import torch
-
+    """Every bucket of workloads through executor (default: this process), planned for its workers'
+    compute capability; results in plan order."""
     from dsactl.executor.local import LocalExecutor
 
     executor = executor or LocalExecutor()
-    capability = tuple(torch.cuda.get_device_capability()) if torch.cuda.is_available() else None
-    p = plan(workloads, settings, command, capability)
+    p = plan(workloads, settings, command, workers_capability(executor))
     results: list[BucketResult | None] = [None] * len(p.jobs)
     for done in executor.map(run_job, p.jobs, lambda i: on_start and on_start(p.jobs[i])):
         job = p.jobs[done.index]
