@@ -36,6 +36,7 @@ from dsactl.build import cuobjdump, ptxas
 from dsactl.build.arch import Arch
 from dsactl.build.report import ReportRow
 from dsactl.errors import DsactlError
+from dsactl.kernels.triton_options import FP_FUSION
 
 KERNELS_PACKAGE = "dsactl.kernels"
 SPEC_KEYS = frozenset({"name", "fn", "signature", "constexprs", "num_warps", "num_stages"})
@@ -76,6 +77,7 @@ class TritonConfig:
             "constexprs": {k: repr(v) for k, v in spec["constexprs"].items()},
             "num_warps": spec["num_warps"],
             "num_stages": spec["num_stages"],
+            "enable_fp_fusion": FP_FUSION,
         }
         return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()
 
@@ -148,7 +150,7 @@ def compile_config(config: TritonConfig, arch: Arch, arch_dir: Path) -> ReportRo
         compiled = triton.compile(
             source,
             target=GPUTarget("cuda", arch.triton_cc, WARP_SIZE),
-            options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"]},
+            options={"num_warps": spec["num_warps"], "num_stages": spec["num_stages"], "enable_fp_fusion": FP_FUSION},
         )
     seconds = time.perf_counter() - start
 
@@ -184,6 +186,7 @@ def compile_config(config: TritonConfig, arch: Arch, arch_dir: Path) -> ReportRo
         options={
             "num_warps": spec["num_warps"],
             "num_stages": spec["num_stages"],
+            "enable_fp_fusion": FP_FUSION,
             "constexprs": {k: _jsonable(v) for k, v in spec["constexprs"].items()},
         },
     )

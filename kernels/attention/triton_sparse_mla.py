@@ -45,6 +45,7 @@ from ..bad_index import MAX_INT32, BadIndexCounter, check_ids, checking
 from ..errors import KernelInputError
 from ..fp8 import (MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET,
                     MLA_TOKEN_BYTES)
+from ..triton_options import FP_FUSION
 from ..tuned import Table, device_identity, table_path
 
 # Triton's CPU interpreter computes bf16 tl.dot wrongly (errors near 1e10, silently): upcast to fp32 there.
@@ -726,6 +727,7 @@ def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink
         lse_scale, heads, splits, int(attn_sink is not None),
         output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
         SPLITS_PAD=cfg.splits_pad, BLOCK_HC=cfg.block_hc, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
+        enable_fp_fusion=FP_FUSION,
     )
 
 
@@ -879,7 +881,7 @@ def sparse_mla_attention(
         q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
         sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
         HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING, ROW_PAD=pad,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION,
     )
     if splits > 1:
         combine(partials, attn_sink, output, lse, lse_scale, heads, splits, num_tokens)

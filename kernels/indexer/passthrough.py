@@ -19,6 +19,7 @@ import triton.language as tl
 
 from ..errors import KernelInputError
 from ..fp8 import PAGE_SIZE
+from ..triton_options import FP_FUSION
 from .score import BAD_PAGES
 from .shapes import NEXT_NS, TOPKS
 
@@ -76,7 +77,7 @@ def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Te
     indexer_passthrough_kernel[(rows, triton.cdiv(topk, BLOCK))](
         seq_lens, block_table, out, BAD_PAGES.tensor(out.device), block_table.stride(0),
         block_table.shape[1] * PAGE_SIZE, num_pages,
-        NEXT_N=next_n, TOPK=topk, BLOCK=BLOCK, PAGE=PAGE_SIZE, num_warps=4, num_stages=1,
+        NEXT_N=next_n, TOPK=topk, BLOCK=BLOCK, PAGE=PAGE_SIZE, num_warps=4, num_stages=1, enable_fp_fusion=FP_FUSION,
     )
 
 

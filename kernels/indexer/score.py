@@ -42,6 +42,7 @@ import triton.language as tl
 from ..bad_index import BadIndexCounter
 from ..errors import KernelInputError
 from ..fp8 import INDEX_HEAD_DIM, INDEX_PAGE_BYTES, INDEX_SCALE_OFFSET, PAGE_SIZE
+from ..triton_options import FP_FUSION
 from ..tuned import Table, device_identity, table_path
 from .shapes import HEADS, NEXT_NS
 
@@ -375,7 +376,7 @@ def score(q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, seq_lens:
         cache.shape[0], max_len,
         HEADS=heads, NEXT_N=next_n, NQ=_nq(next_n), BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, PAGE=PAGE_SIZE,
         DIM=INDEX_HEAD_DIM, PAGE_BYTES=INDEX_PAGE_BYTES, SCALE_OFFSET=INDEX_SCALE_OFFSET,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION)
 
 
 # tokens_per_program is a multiple of BLOCK_N (whole 64-token pages), so the JIT always specializes it as
