@@ -340,18 +340,25 @@ def test_triton_configurations_compile_ahead_of_time_and_only_when_changed(tmp_p
 
 
 def test_every_triton_launch_asks_for_the_fp_fusion_the_build_compiles_with():
-    """Triton 3.10 turns FP fusion off unless a launch asks: every launch in kernels/ (kernel[grid](...,
-    num_warps=...)) passes FP_FUSION, as the ahead-of-time build does, so both compile one kernel."""
+    """Triton 3.10 turns FP fusion off unless a launch asks: every launch in kernels/ (kernel[grid](...), the
+    kernel a @triton.jit function of the module or one a call returns) passes FP_FUSION, as the ahead-of-time
+    build does, so both compile one kernel."""
     import ast
 
     from dsactl.kernels.triton_options import FP_FUSION
 
+    def jitted(node) -> bool:
+        return any("triton.jit" in ast.unparse(d) for d in getattr(node, "decorator_list", ()))
+
     kernels = Path(triton_aot.__file__).resolve().parents[2] / "kernels"
     launches = {}
     for path in sorted(kernels.rglob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) \
-                    and any(k.arg == "num_warps" for k in node.keywords):
+        tree = ast.parse(path.read_text())
+        jit_names = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and jitted(n)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Subscript) and (
+                    isinstance(node.func.value, ast.Call)
+                    or (isinstance(node.func.value, ast.Name) and node.func.value.id in jit_names)):
                 asked = [ast.unparse(k.value) for k in node.keywords if k.arg == "enable_fp_fusion"]
                 launches[f"{path.relative_to(kernels)}:{node.lineno}"] = asked
     assert len(launches) >= 4, launches  # the indexer's two kernels, attention's split and combine kernels
