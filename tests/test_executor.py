@@ -87,6 +87,21 @@ def test_workers_on_the_cpu_have_no_capability_and_size_a_sweep_for_the_interpre
     assert LocalExecutor().capabilities() == [None] and not executor.on_gpus(LocalExecutor())
 
 
+@pytest.mark.gpu
+def test_workers_on_a_gpu_report_its_capability():
+    import torch
+
+    from dsactl.executor.local import LocalExecutor
+
+    capability = tuple(torch.cuda.get_device_capability(0))
+    ex = HostExecutor(["0"])
+    try:
+        assert ex.capabilities() == [capability] and executor.on_gpus(ex)
+    finally:
+        ex.close()
+    assert LocalExecutor().capabilities() == [capability] and executor.on_gpus(LocalExecutor())
+
+
 def test_closing_the_host_executor_ends_its_workers_without_waiting_for_their_teardown():
     ex = HostExecutor(["0", "1"])
     try:
