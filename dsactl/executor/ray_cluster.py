@@ -66,6 +66,10 @@ def unreachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> str | None:
     return f"{host}:{port} answers, but is no gRPC server, as Ray's ports are"
 
 
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+
+
 def join_failure(error: BaseException) -> str:
     """Why ray.init could not join, in one line. A cluster that refused this process's token (Ray's token
     authentication) is named as such: Ray's own line says only that it failed to connect, and keeps the
@@ -80,7 +84,7 @@ def join_failure(error: BaseException) -> str:
         # Ray sends a token to an address given by hand only when told to: it would leak to any host named.
         return ("it asks for a token, which Ray sends to an address given by hand only with RAY_AUTH_MODE=token: "
                 "set it, with the cluster's token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token")
-    return (str(error).strip().splitlines() or [type(error).__name__])[0]
+    return _first_line(error)
 
 
 def import_ray():
@@ -145,8 +149,7 @@ class _RayWorkers:
         try:
             return self.ray.get(future)
         except exceptions.RayActorError as e:
-            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise WorkerLost(f"its Ray actor died while running it, after Ray's retries ({why})") from None
+            raise WorkerLost(f"its Ray actor died while running it, after Ray's retries ({_first_line(e)})") from None
         except exceptions.RayTaskError as e:
             raise e.cause if e.cause is not None else e from None
 
@@ -217,8 +220,7 @@ class RayExecutor:
         try:  # each actor asked: a node's torch may see no GPU where Ray counts one
             return self.ray.get([a.capability.remote() for a in actors], timeout=PING_TIMEOUT_S)
         except Exception as e:  # an actor that cannot start is no worker to size the sweep for
-            why = (str(e).strip().splitlines() or [type(e).__name__])[0]
-            raise DsactlError(f"the Ray actors did not start ({why})") from None
+            raise DsactlError(f"the Ray actors did not start ({_first_line(e)})") from None
 
     def describe(self) -> str:
         workers = self._join()
