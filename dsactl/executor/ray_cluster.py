@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import socket
+import sys
+from contextlib import contextmanager
 from typing import Any, Callable, Iterator, Sequence
 
 from dsactl.errors import DsactlError
@@ -71,20 +73,61 @@ def _first_line(error: BaseException) -> str:
 
 
 def join_failure(error: BaseException) -> str:
-    """Why ray.init could not join, in one line. A cluster that refused this process's token (Ray's token
-    authentication) is named as such: Ray's own line says only that it failed to connect, and keeps the
+    """Why ray.init could not join, in one line. A join that Ray's token authentication refused is named as
+    such: Ray's own line says only that it failed to connect, or what to do in a paragraph, and keeps the
     reason in the text of the error it chains."""
     chain = [error]
     while chain[-1].__cause__ is not None and len(chain) < 8:
         chain.append(chain[-1].__cause__)
-    if any("AuthenticationError" in str(e) for e in chain):
-        if os.environ.get("RAY_AUTH_MODE", "").lower() == "token":
-            return ("it refused this process's token: give the cluster's own in RAY_AUTH_TOKEN, "
-                    "RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token")
+    if not any(type(e).__name__ == "AuthenticationError" or "AuthenticationError" in str(e) for e in chain):
+        return _first_line(error)
+    where = "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token"
+    if os.environ.get("RAY_AUTH_MODE", "").lower() != "token":
         # Ray sends a token to an address given by hand only when told to: it would leak to any host named.
         return ("it asks for a token, which Ray sends to an address given by hand only with RAY_AUTH_MODE=token: "
-                "set it, with the cluster's token in RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token")
-    return _first_line(error)
+                f"set it, with the cluster's token in {where}")
+    if any("no authentication token was found" in str(e) for e in chain):
+        return f"RAY_AUTH_MODE=token, but this process has no token: give the cluster's in {where}"
+    return f"it refused this process's token: give the cluster's own in {where}"
+
+
+def token_refusal(address: str) -> BaseException | None:
+    """Ray's AuthenticationError for joining the cluster at a GCS address (host:port): this process has no token
+    where RAY_AUTH_MODE=token asks for one, or the cluster refuses the token (or the lack of one). Asked with
+    one call before ray.init, which retries a refused join for Ray's twenty seconds and logs each try. None
+    when nothing is refused, or the question cannot be asked (a ray:// address, a Ray without token
+    authentication or whose private client API differs): ray.init then finds out for itself."""
+    if address.startswith("ray://") or address in ("auto", "local"):
+        return None
+    try:
+        from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
+        from ray._raylet import GcsClient
+        from ray.exceptions import AuthenticationError
+    except ImportError:
+        return None
+    with _stderr_silenced():  # the native client logs the refusal; the caller says it in one line
+        try:
+            # As ray.init does first: with RAY_AUTH_MODE=token and no token, Ray's native client ends the process.
+            ensure_token_if_auth_enabled(None, create_token_if_missing=False)
+            GcsClient(address=address)
+        except AuthenticationError as e:
+            return e
+        except Exception:
+            return None
+    return None
+
+
+@contextmanager
+def _stderr_silenced() -> Iterator[None]:
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
 
 
 def import_ray():
@@ -194,11 +237,14 @@ class RayExecutor:
             why = unreachable(self.address)  # None for "auto" and "local": no port to try
             if why:
                 raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster ({why})")
+            refused = token_refusal(self.address)
+            if refused is not None:
+                raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster ({join_failure(refused)})")
             try:
                 # "local" as it is: address=None would join a cluster RAY_ADDRESS or Ray's last-cluster file names.
                 ray.init(address=self.address, include_dashboard=False,
                          log_to_driver=False, logging_level="error")
-            except (ConnectionError, RuntimeError, ValueError) as e:
+            except (ConnectionError, RuntimeError, ValueError, ray.exceptions.RayError) as e:
                 raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster ({join_failure(e)})") from None
             self.owned = True
         resources = ray.cluster_resources()
