@@ -1,10 +1,10 @@
-"""The DSA stages as PyTorch custom operators in the `dsactl` namespace (torch.library.custom_op).
+"""The DSA stages as PyTorch custom operators in the `dsactl` namespace (torch.library).
 
 Each op has a fake implementation (shapes and dtypes only), so torch.compile(fullgraph=True) traces a
 call without a graph break, and CUDA graphs capture it like any other launch (the kernels never
 synchronize with the host). Each has a functional form that allocates its outputs and an out form that
-writes caller buffers in place (declared in mutates_args). The optional tensors are positional in the
-schemas (custom ops take no keyword-only tensors); pass them by keyword.
+writes caller buffers in place (marked (aN!) in its schema). The optional tensors are positional in the
+schemas (an op schema's keyword-only arguments cannot be tensors); pass them by keyword.
 
   dsactl::indexer_topk(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk) -> Tensor
   dsactl::indexer_topk_out(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
@@ -22,14 +22,18 @@ schemas (custom ops take no keyword-only tensors); pass them by keyword.
       [num_pages, 64, 512] and kpe_cache bf16 [num_pages, 64, 64], sparse_indices int32 [T, topk] (the
       indexer's ids); output bf16 [T, H, 512], lse float32 [T, H] (base 2, or e with lse_base_e).
 
-The launchers check every input and raise KernelInputError naming the argument. Registration happens
+The launchers check every input and raise KernelInputError naming the argument. The ops are for
+inference: no autograd formula, and a written output's version counter is not bumped. They are defined
+with torch.library.Library from schemas written out, not with torch.library.custom_op, whose Python
+wrappers (autograd, version bumps found by walking the schema) took 50 us of host time a call against
+the dispatcher's own 4 (tests/test_ops.py holds the ops to a bound); an eager decode step makes two
+calls. Registration happens
 once per process: importing this module again (a reload, or the kernels folder under another package
 name) finds the ops defined and leaves them as they are. No CUDA library is loaded here; a launcher
 loads its own on its first call.
 """
 
-# No `from __future__ import annotations`: custom_op infers each schema from the evaluated type hints.
-from typing import Optional
+from __future__ import annotations
 
 import torch
 
@@ -39,7 +43,20 @@ from .indexer.score import query_shape
 from .indexer.solution import dsa_topk_indexer
 
 NAMESPACE = "dsactl"
-OPS = ("indexer_topk", "indexer_topk_out", "sparse_mla_decode", "sparse_mla_decode_out")
+_MLA_OPTIONALS = ("Tensor? kv_cache=None, Tensor? ckv_cache=None, Tensor? kpe_cache=None, Tensor? topk_length=None, "
+                  "Tensor? attn_sink=None, bool lse_base_e=False")
+# Each op's schema; (aN!) marks the arguments an out form writes.
+SCHEMAS = {
+    "indexer_topk": "(Tensor q_index_fp8, Tensor k_index_cache_fp8, Tensor weights, Tensor seq_lens, "
+                    "Tensor block_table, SymInt topk) -> Tensor",
+    "indexer_topk_out": "(Tensor q_index_fp8, Tensor k_index_cache_fp8, Tensor weights, Tensor seq_lens, "
+                        "Tensor block_table, Tensor(a5!) topk_indices) -> ()",
+    "sparse_mla_decode": f"(Tensor q_nope, Tensor q_pe, Tensor sparse_indices, float sm_scale, {_MLA_OPTIONALS}) "
+                         f"-> (Tensor, Tensor)",
+    "sparse_mla_decode_out": f"(Tensor q_nope, Tensor q_pe, Tensor sparse_indices, float sm_scale, "
+                             f"Tensor(a4!) output, Tensor(a5!) lse, {_MLA_OPTIONALS}) -> ()",
+}
+OPS = tuple(SCHEMAS)
 
 
 def _indexer_shape(q_index_fp8: torch.Tensor, topk: int) -> tuple[int, ...]:
@@ -54,75 +71,77 @@ def _mla_shapes(q_nope: torch.Tensor) -> tuple[tuple[int, ...], tuple[int, ...]]
     return (num_tokens, heads, MLA_CKV_DIM), (num_tokens, heads)
 
 
+# The implementations, called by the dispatcher with the schema's arguments in order (trailing defaults
+# left out, so the optionals keep theirs here).
+
+def _indexer_topk_out(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices):
+    dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
+
+
+def _indexer_topk(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk):
+    out = torch.empty(_indexer_shape(q_index_fp8, topk), dtype=torch.int32, device=q_index_fp8.device)
+    dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, out)
+    return out
+
+
+def _sparse_mla_decode_out(q_nope, q_pe, sparse_indices, sm_scale, output, lse, kv_cache=None, ckv_cache=None,
+                           kpe_cache=None, topk_length=None, attn_sink=None, lse_base_e=False):
+    sparse_mla_attention(q_nope, q_pe, sparse_indices, sm_scale, output, lse, kv_cache=kv_cache, ckv_cache=ckv_cache,
+                         kpe_cache=kpe_cache, topk_length=topk_length, attn_sink=attn_sink, lse_base_e=lse_base_e)
+
+
+def _sparse_mla_decode(q_nope, q_pe, sparse_indices, sm_scale, kv_cache=None, ckv_cache=None, kpe_cache=None,
+                       topk_length=None, attn_sink=None, lse_base_e=False):
+    out_shape, lse_shape = _mla_shapes(q_nope)
+    output = torch.empty(out_shape, dtype=torch.bfloat16, device=q_nope.device)
+    lse = torch.empty(lse_shape, dtype=torch.float32, device=q_nope.device)
+    _sparse_mla_decode_out(q_nope, q_pe, sparse_indices, sm_scale, output, lse, kv_cache, ckv_cache, kpe_cache,
+                           topk_length, attn_sink, lse_base_e)
+    return output, lse
+
+
+# The fake implementations: shapes and dtypes only, for FakeTensorMode, make_fx and torch.compile.
+
+def _fake_indexer_topk(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk):
+    return q_index_fp8.new_empty(_indexer_shape(q_index_fp8, topk), dtype=torch.int32)
+
+
+def _fake_sparse_mla_decode(q_nope, q_pe, sparse_indices, sm_scale, kv_cache=None, ckv_cache=None, kpe_cache=None,
+                            topk_length=None, attn_sink=None, lse_base_e=False):
+    out_shape, lse_shape = _mla_shapes(q_nope)
+    return q_nope.new_empty(out_shape, dtype=torch.bfloat16), q_nope.new_empty(lse_shape, dtype=torch.float32)
+
+
+def _writes_only(*args, **kwargs) -> None:
+    return None
+
+
+_IMPLEMENTATIONS = {
+    "indexer_topk": (_indexer_topk, _fake_indexer_topk),
+    "indexer_topk_out": (_indexer_topk_out, _writes_only),
+    "sparse_mla_decode": (_sparse_mla_decode, _fake_sparse_mla_decode),
+    "sparse_mla_decode_out": (_sparse_mla_decode_out, _writes_only),
+}
+
+
 def _defined(name: str) -> bool:
     return hasattr(getattr(torch.ops, NAMESPACE), name)
 
 
-def _register() -> tuple:
-    """Define the ops unless this process already has them; returns the definitions made."""
+def _register() -> None:
+    """Define the ops unless this process already has them. torch.library keeps them for the life of the
+    process (no Library object here to hold)."""
     if all(_defined(name) for name in OPS):
-        return ()
-
-    @torch.library.custom_op(f"{NAMESPACE}::indexer_topk_out", mutates_args=("topk_indices",))
-    def indexer_topk_out(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor, weights: torch.Tensor,
-                         seq_lens: torch.Tensor, block_table: torch.Tensor, topk_indices: torch.Tensor) -> None:
-        dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices)
-
-    @indexer_topk_out.register_fake
-    def _(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices) -> None:
-        return None
-
-    @torch.library.custom_op(f"{NAMESPACE}::indexer_topk", mutates_args=())
-    def indexer_topk(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor, weights: torch.Tensor,
-                     seq_lens: torch.Tensor, block_table: torch.Tensor, topk: int) -> torch.Tensor:
-        out = torch.empty(_indexer_shape(q_index_fp8, topk), dtype=torch.int32, device=q_index_fp8.device)
-        dsa_topk_indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, out)
-        return out
-
-    @indexer_topk.register_fake
-    def _(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk):
-        return q_index_fp8.new_empty(_indexer_shape(q_index_fp8, topk), dtype=torch.int32)
-
-    @torch.library.custom_op(f"{NAMESPACE}::sparse_mla_decode_out", mutates_args=("output", "lse"))
-    def sparse_mla_decode_out(q_nope: torch.Tensor, q_pe: torch.Tensor, sparse_indices: torch.Tensor,
-                              sm_scale: float, output: torch.Tensor, lse: torch.Tensor,
-                              kv_cache: Optional[torch.Tensor] = None, ckv_cache: Optional[torch.Tensor] = None,
-                              kpe_cache: Optional[torch.Tensor] = None, topk_length: Optional[torch.Tensor] = None,
-                              attn_sink: Optional[torch.Tensor] = None, lse_base_e: bool = False) -> None:
-        sparse_mla_attention(q_nope, q_pe, sparse_indices, sm_scale, output, lse, kv_cache=kv_cache,
-                             ckv_cache=ckv_cache, kpe_cache=kpe_cache, topk_length=topk_length, attn_sink=attn_sink,
-                             lse_base_e=lse_base_e)
-
-    @sparse_mla_decode_out.register_fake
-    def _(q_nope, q_pe, sparse_indices, sm_scale, output, lse, kv_cache=None, ckv_cache=None, kpe_cache=None,
-          topk_length=None, attn_sink=None, lse_base_e=False) -> None:
-        return None
-
-    @torch.library.custom_op(f"{NAMESPACE}::sparse_mla_decode", mutates_args=())
-    def sparse_mla_decode(q_nope: torch.Tensor, q_pe: torch.Tensor, sparse_indices: torch.Tensor, sm_scale: float,
-                          kv_cache: Optional[torch.Tensor] = None, ckv_cache: Optional[torch.Tensor] = None,
-                          kpe_cache: Optional[torch.Tensor] = None, topk_length: Optional[torch.Tensor] = None,
-                          attn_sink: Optional[torch.Tensor] = None, lse_base_e: bool = False
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        out_shape, lse_shape = _mla_shapes(q_nope)
-        output = torch.empty(out_shape, dtype=torch.bfloat16, device=q_nope.device)
-        lse = torch.empty(lse_shape, dtype=torch.float32, device=q_nope.device)
-        sparse_mla_attention(q_nope, q_pe, sparse_indices, sm_scale, output, lse, kv_cache=kv_cache,
-                             ckv_cache=ckv_cache, kpe_cache=kpe_cache, topk_length=topk_length, attn_sink=attn_sink,
-                             lse_base_e=lse_base_e)
-        return output, lse
-
-    @sparse_mla_decode.register_fake
-    def _(q_nope, q_pe, sparse_indices, sm_scale, kv_cache=None, ckv_cache=None, kpe_cache=None,
-          topk_length=None, attn_sink=None, lse_base_e=False):
-        out_shape, lse_shape = _mla_shapes(q_nope)
-        return q_nope.new_empty(out_shape, dtype=torch.bfloat16), q_nope.new_empty(lse_shape, dtype=torch.float32)
-
-    return indexer_topk_out, indexer_topk, sparse_mla_decode_out, sparse_mla_decode
+        return
+    for name, schema in SCHEMAS.items():
+        implementation, fake = _IMPLEMENTATIONS[name]
+        qualname = f"{NAMESPACE}::{name}"
+        torch.library.define(qualname, schema)
+        torch.library.impl(qualname, "default", implementation)  # every device: the launchers refuse a CPU
+        torch.library.register_fake(qualname, fake)
 
 
-# Held for the life of the process: the dispatcher's registrations belong to these definitions.
-_DEFINITIONS = _register()
+_register()
 
 # The registered operators (OpOverloadPackets), whichever import of this module defined them.
 indexer_topk = torch.ops.dsactl.indexer_topk

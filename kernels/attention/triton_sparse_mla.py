@@ -731,19 +731,28 @@ def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink
     )
 
 
+def _fail(message: str, who: str = "sparse MLA attention") -> None:
+    raise KernelInputError(f"{who}: {message}")
+
+
 def _check(cond: bool, message: str, who: str = "sparse MLA attention") -> None:
     if not cond:
-        raise KernelInputError(f"{who}: {message}")
+        _fail(message, who)
 
 
 def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple, device: torch.device,
                   who: str = "sparse MLA attention") -> None:
-    _check(isinstance(t, torch.Tensor), f"{name} must be a tensor", who)
-    _check(t.dtype == dtype, f"{name} must be {dtype}, got {t.dtype}", who)
-    _check(t.device == device, f"{name} is on {t.device}, q_nope on {device}", who)
-    _check(t.dim() == len(shape) and all(s is None or s == n for s, n in zip(shape, t.shape)),
-           f"{name} has shape {list(t.shape)}, expected {['*' if s is None else s for s in shape]}", who)
-    _check(t.dim() == 0 or t.stride(-1) == 1, f"{name} must have a contiguous last dimension", who)
+    # The messages are formatted only on failure: these checks run on every launch.
+    if not isinstance(t, torch.Tensor):
+        _fail(f"{name} must be a tensor", who)
+    if t.dtype != dtype:
+        _fail(f"{name} must be {dtype}, got {t.dtype}", who)
+    if t.device != device:
+        _fail(f"{name} is on {t.device}, q_nope on {device}", who)
+    if t.dim() != len(shape) or not all(s is None or s == n for s, n in zip(shape, t.shape)):
+        _fail(f"{name} has shape {list(t.shape)}, expected {['*' if s is None else s for s in shape]}", who)
+    if t.dim() != 0 and t.stride(-1) != 1:
+        _fail(f"{name} must have a contiguous last dimension", who)
 
 
 def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache, kv_cache, topk_length,
@@ -754,7 +763,8 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
     _check(isinstance(q_nope, torch.Tensor) and q_nope.dim() == 3, "q_nope must be a [T, H, 512] tensor", who)
     device = q_nope.device
     num_tokens, heads, _ = q_nope.shape
-    _check(heads in heads_served, f"heads must be one of {heads_served}, got {heads}", who)
+    if heads not in heads_served:
+        _fail(f"heads must be one of {heads_served}, got {heads}", who)
     _check_tensor("q_nope", q_nope, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device, who)
     _check_tensor("q_pe", q_pe, torch.bfloat16, (num_tokens, heads, MLA_KPE_DIM), device, who)
     _check(isinstance(sparse_indices, torch.Tensor) and sparse_indices.dim() == 2,
@@ -776,11 +786,11 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
         _check_tensor("ckv_cache", ckv_cache, torch.bfloat16, (None, None, MLA_CKV_DIM), device, who)
         _check_tensor("kpe_cache", kpe_cache, torch.bfloat16, (None, None, MLA_KPE_DIM), device, who)
         for name, cache in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
-            _check(cache.stride(0) == cache.shape[1] * cache.stride(1),
-                   f"{name} pages must be evenly strided so token id page*64+offset is one row", who)
-        _check(kpe_cache.shape[:2] == ckv_cache.shape[:2],
-               f"kpe_cache has {list(kpe_cache.shape[:2])} pages x tokens, ckv_cache {list(ckv_cache.shape[:2])}: "
-               f"every token id must name a row of both", who)
+            if cache.stride(0) != cache.shape[1] * cache.stride(1):
+                _fail(f"{name} pages must be evenly strided so token id page*64+offset is one row", who)
+        if kpe_cache.shape[:2] != ckv_cache.shape[:2]:
+            _fail(f"kpe_cache has {list(kpe_cache.shape[:2])} pages x tokens, ckv_cache {list(ckv_cache.shape[:2])}: "
+                  f"every token id must name a row of both", who)
     if topk_length is not None:
         _check_tensor("topk_length", topk_length, torch.int32, (num_tokens,), device, who)
     if attn_sink is not None:
