@@ -42,8 +42,8 @@ EXPECTED_FILES = {
     ("dsactl-indexer", "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py",
         "kernels/fp8.py", "kernels/indexer/passthrough.py", "kernels/indexer/score.py", "kernels/indexer/shapes.py",
-        "kernels/indexer/solution.py", "kernels/topk/launcher.py", "kernels/triton_options.py", "kernels/tuned.py",
-        "kernels/indexer/tuned/score.json", *TOPK_CUDA],
+        "kernels/indexer/solution.py", "kernels/launch_math.py", "kernels/topk/launcher.py",
+        "kernels/triton_options.py", "kernels/tuned.py", "kernels/indexer/tuned/score.json", *TOPK_CUDA],
     ("dsactl-topk", TOPK): [
         "kernels/__init__.py", "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py",
         "kernels/fp8.py", "kernels/topk/launcher.py", *TOPK_CUDA],
@@ -53,28 +53,30 @@ EXPECTED_FILES = {
     ("dsactl-attention", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/triton_entries.py",
         "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py", "kernels/errors.py", "kernels/fp8.py",
-        "kernels/triton_options.py", "kernels/tuned.py", ATTENTION_TABLE],
+        "kernels/launch_math.py", "kernels/triton_options.py", "kernels/tuned.py", ATTENTION_TABLE],
     ("dsactl-attention-fp8kv-topklen", "dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64_fp8kv_topklen"): [
         "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/triton_entries.py",
         "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py", "kernels/errors.py", "kernels/fp8.py",
-        "kernels/triton_options.py", "kernels/tuned.py", ATTENTION_TABLE],
+        "kernels/launch_math.py", "kernels/triton_options.py", "kernels/tuned.py", ATTENTION_TABLE],
     # FP8 KV at any head count may go to either CUDA kernel: the dispatch and both.
     ("dsactl-attention-fp8kv", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64_fp8kv"): [
         "kernels/__init__.py", "kernels/attention/alignment.py", "kernels/attention/dispatch.py",
         "kernels/attention/entries.py", "kernels/attention/hopper_mla.py", "kernels/attention/mma_mla.py",
         "kernels/attention/solution.py", "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py",
-        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", "kernels/triton_options.py",
-        "kernels/tuned.py", HOPPER_TABLE, MMA_TABLE, ATTENTION_TABLE, *HOPPER_CUDA, "kernels/attention/mma_mla.cu"],
+        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", "kernels/launch_math.py",
+        "kernels/triton_options.py", "kernels/tuned.py", HOPPER_TABLE, MMA_TABLE, ATTENTION_TABLE, *HOPPER_CUDA,
+        "kernels/attention/mma_mla.cu"],
     ("dsactl-attention-hopper", "dsa_sparse_attention_h128_ckv512_kpe64_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/attention/alignment.py", "kernels/attention/dispatch.py",
         "kernels/attention/entries.py", "kernels/attention/hopper_mla.py", "kernels/attention/triton_sparse_mla.py",
         "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py",
-        "kernels/triton_options.py", "kernels/tuned.py", HOPPER_TABLE, ATTENTION_TABLE, *HOPPER_CUDA],
+        "kernels/launch_math.py", "kernels/triton_options.py", "kernels/tuned.py", HOPPER_TABLE, ATTENTION_TABLE,
+        *HOPPER_CUDA],
     ("dsactl-attention-mma-fp8kv-sink", "dsa_sparse_attention_h32_ckv512_kpe64_topk2048_ps64_fp8kv_sink"): [
         "kernels/__init__.py", "kernels/attention/alignment.py", "kernels/attention/entries.py",
         "kernels/attention/mma_mla.py", "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py",
-        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", "kernels/triton_options.py",
-        "kernels/tuned.py", MMA_TABLE, ATTENTION_TABLE, *MMA_CUDA],
+        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", "kernels/launch_math.py",
+        "kernels/triton_options.py", "kernels/tuned.py", MMA_TABLE, ATTENTION_TABLE, *MMA_CUDA],
     ("torch-attention", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/torch_baseline.py",
         "kernels/fp8.py"],

@@ -45,6 +45,7 @@ from ..bad_index import MAX_INT32, BadIndexCounter, check_ids, checking
 from ..errors import KernelInputError
 from ..fp8 import (MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_NUM_SCALES, MLA_SCALE_GROUP, MLA_SCALE_OFFSET,
                     MLA_TOKEN_BYTES)
+from ..launch_math import cdiv, next_power_of_2
 from ..triton_options import FP_FUSION
 from ..tuned import Table, device_identity, table_path
 
@@ -557,11 +558,11 @@ def launch_config(num_tokens: int, heads: int, topk: int, fp8kv: bool, num_sms: 
     cfg = config(heads, fp8kv)
     if fp8kv or heads != SMALL_GRID_HEADS:
         return cfg
-    programs_of_one_tile = num_tokens * triton.cdiv(topk, cfg.block_n)
+    programs_of_one_tile = num_tokens * cdiv(topk, cfg.block_n)
     if programs_of_one_tile <= num_sms // 2:
         return _SMALL_GRID
     if (_ONE_TILE_BUILDS_CLEANLY and programs_of_one_tile > num_sms
-            and num_tokens * triton.cdiv(topk, _ONE_TILE.block_n) <= num_sms):
+            and num_tokens * cdiv(topk, _ONE_TILE.block_n) <= num_sms):
         return _ONE_TILE
     return cfg
 
@@ -591,14 +592,14 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
     partials need it (hopper_mla.PARTIAL_TILES).
     Contest T=8 at 16 heads: 16 splits, 128 programs of 2 tiles; 128 heads at T=128: 1 split. Rows over
     ROW_IDS_MAX take at least the splits that hold them (past MAX_SPLITS the launcher refuses them)."""
-    tiles = triton.cdiv(topk, cfg.block_n)
-    fewest = triton.cdiv(topk, ROW_IDS_MAX)
-    rows = num_tokens * triton.cdiv(heads, cfg.block_h)  # a tile wider than the heads still takes a program
+    tiles = cdiv(topk, cfg.block_n)
+    fewest = cdiv(topk, ROW_IDS_MAX)
+    rows = num_tokens * cdiv(heads, cfg.block_h)  # a tile wider than the heads still takes a program
 
     def cost(splits: int) -> tuple[float, int]:
         programs = rows * splits
         partials = partial_tiles * programs / num_sms if splits > 1 else 0.0
-        return triton.cdiv(programs, num_sms) * (triton.cdiv(tiles, splits) + PROGRAM_OVERHEAD_TILES) + partials, splits
+        return cdiv(programs, num_sms) * (cdiv(tiles, splits) + PROGRAM_OVERHEAD_TILES) + partials, splits
 
     return min(range(fewest, max(fewest, min(tiles, MAX_SPLITS)) + 1), key=cost)
 
@@ -616,7 +617,7 @@ TUNED_STAGES = (1, 2, 3)
 def tuning_bucket(num_tokens: int, heads: int, topk: int, fp8kv: bool) -> str:
     """A call's bucket in the table: heads, KV format, topk, and the tokens rounded up to a power of two
     (the hand-picked choice changes at powers of two of the grid, too)."""
-    return f"h{heads}-{'fp8' if fp8kv else 'bf16'}-topk{topk}-t{triton.next_power_of_2(num_tokens)}"
+    return f"h{heads}-{'fp8' if fp8kv else 'bf16'}-topk{topk}-t{next_power_of_2(num_tokens)}"
 
 
 def hand_picked(num_tokens: int, heads: int, topk: int, fp8kv: bool, num_sms: int) -> tuple[Config, int]:
@@ -686,7 +687,7 @@ class CombineConfig:
 @functools.lru_cache(maxsize=None)
 def combine_config(num_splits: int, heads: int, bf16_partials: bool = False) -> CombineConfig:
     """The combine's launch for `num_splits` splits of `heads` heads, fp32 or bf16 partials."""
-    splits_pad = max(2, triton.next_power_of_2(num_splits))
+    splits_pad = max(2, next_power_of_2(num_splits))
     block_hc = min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
     _check(block_hc >= 1,
            f"{num_splits} splits x {COMBINE_BLOCK_D} columns exceed the combine tile of {COMBINE_TILE} values")
@@ -828,10 +829,10 @@ def check_ids_in_cache(sparse_indices: torch.Tensor, topk_length: torch.Tensor |
 
 def row_pad(topk: int, splits: int, cfg: Config) -> int:
     """ROW_PAD of a launch: its splits' share of the row, to a power of two, a whole tile and ROW_IDS_MIN."""
-    share = triton.cdiv(topk, splits)
+    share = cdiv(topk, splits)
     _check(share <= ROW_IDS_MAX, f"topk {topk} in {splits} splits leaves {share} positions a split, over the "
-                                 f"{ROW_IDS_MAX} a split holds: use at least {triton.cdiv(topk, ROW_IDS_MAX)} splits")
-    return max(triton.next_power_of_2(share), cfg.block_n, ROW_IDS_MIN)
+                                 f"{ROW_IDS_MAX} a split holds: use at least {cdiv(topk, ROW_IDS_MAX)} splits")
+    return max(next_power_of_2(share), cfg.block_n, ROW_IDS_MIN)
 
 
 def row_pads(cfg: Config) -> list[int]:

@@ -19,6 +19,7 @@ import triton.language as tl
 
 from ..errors import KernelInputError
 from ..fp8 import PAGE_SIZE
+from ..launch_math import cdiv
 from ..triton_options import FP_FUSION
 from .score import BAD_PAGES
 from .shapes import NEXT_NS, TOPKS
@@ -74,7 +75,7 @@ def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Te
         raise KernelInputError("block_table must have unit column stride")
     if rows == 0:
         return
-    indexer_passthrough_kernel[(rows, triton.cdiv(topk, BLOCK))](
+    indexer_passthrough_kernel[(rows, cdiv(topk, BLOCK))](
         seq_lens, block_table, out, BAD_PAGES.tensor(out.device), block_table.stride(0),
         block_table.shape[1] * PAGE_SIZE, num_pages,
         NEXT_N=next_n, TOPK=topk, BLOCK=BLOCK, PAGE=PAGE_SIZE, num_warps=4, num_stages=1, enable_fp_fusion=FP_FUSION,

@@ -42,6 +42,7 @@ import triton.language as tl
 from ..bad_index import BadIndexCounter
 from ..errors import KernelInputError
 from ..fp8 import INDEX_HEAD_DIM, INDEX_PAGE_BYTES, INDEX_SCALE_OFFSET, PAGE_SIZE
+from ..launch_math import cdiv, next_power_of_2
 from ..triton_options import FP_FUSION
 from ..tuned import Table, device_identity, table_path
 from .shapes import HEADS, NEXT_NS
@@ -199,7 +200,7 @@ class ScoreConfig:
 
 def _nq(next_n: int) -> int:
     """Query tokens padded to a power of two (tl.arange sizes); next_n = 3 computes a zero row."""
-    return triton.next_power_of_2(next_n)
+    return next_power_of_2(next_n)
 
 
 def _fit(block_n: int, num_warps: int, width: int) -> tuple[int, int]:
@@ -243,10 +244,10 @@ def choose_config(batch: int, next_n: int, heads: int, max_len: int, num_sms: in
 def _split(batch: int, max_len: int, block_n: int, num_warps: int, stages: int, per_sm: int,
            num_sms: int) -> ScoreConfig:
     """The launch of per_sm programs an SM over batch requests of max_len tokens (choose_config)."""
-    steps = triton.cdiv(max_len, block_n)
+    steps = cdiv(max_len, block_n)
     splits = max(1, min(num_sms * per_sm // max(batch, 1), steps // MIN_STEPS_PER_PROGRAM))
-    steps_per_program = triton.cdiv(steps, splits)
-    splits = triton.cdiv(steps, steps_per_program)
+    steps_per_program = cdiv(steps, splits)
+    splits = cdiv(steps, steps_per_program)
     return ScoreConfig(block_n, num_warps, stages, steps_per_program * block_n, splits)
 
 
@@ -265,7 +266,7 @@ TUNED_PROGRAMS_PER_SM = (1, 2, 3, 4, 6, 8)
 
 def tuning_bucket(batch: int, next_n: int, heads: int, max_len: int) -> str:
     """A call's bucket in the table: heads, next_n, and batch and length rounded up to powers of two."""
-    return f"h{heads}-n{next_n}-b{triton.next_power_of_2(batch)}-len{triton.next_power_of_2(max_len)}"
+    return f"h{heads}-n{next_n}-b{next_power_of_2(batch)}-len{next_power_of_2(max_len)}"
 
 
 def tuned_config(knobs: dict, batch: int, max_len: int, num_sms: int) -> ScoreConfig:
