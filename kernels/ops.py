@@ -24,13 +24,12 @@ schemas (an op schema's keyword-only arguments cannot be tensors); pass them by 
 
 The launchers check every input and raise KernelInputError naming the argument. The ops are for
 inference: no autograd formula, and a written output's version counter is not bumped. They are defined
-with torch.library.Library from schemas written out, not with torch.library.custom_op, whose Python
-wrappers (autograd, version bumps found by walking the schema) took 50 us of host time a call against
-the dispatcher's own 4 (tests/test_ops.py holds the ops to a bound); an eager decode step makes two
-calls. Registration happens
-once per process: importing this module again (a reload, or the kernels folder under another package
-name) finds the ops defined and leaves them as they are. No CUDA library is loaded here; a launcher
-loads its own on its first call.
+with torch.library.define, impl and register_fake from schemas written out, not with
+torch.library.custom_op, whose Python wrappers (autograd, version bumps found by walking the schema)
+took 50 us of host time a call against the dispatcher's own 4 (tests/test_ops.py holds an op call to a
+bound); an eager decode step makes two calls. Registration happens once per process: importing this
+module again (a reload, or the kernels folder under another package name) finds the ops defined and
+leaves them as they are. No CUDA library is loaded here; a launcher loads its own on its first call.
 """
 
 from __future__ import annotations
