@@ -43,7 +43,12 @@ from .indexer.shapes import NEXT_NS, TOPKS
 KV_FORMATS = ("bf16", "fp8")
 # The indexer K cache viewed per token: 8448-byte pages as [64, 1, 132] (kernels/fp8.py).
 INDEX_TOKEN_VIEW = (PAGE_SIZE, 1, INDEX_PAGE_BYTES // PAGE_SIZE)
-ANY = None  # a shape entry any size meets (the caches' page count)
+ANY = None  # a shape entry any size meets (the caches' page count): only ever the first
+
+
+def _meets(got: torch.Size, shape: tuple) -> bool:
+    """Whether a tensor's shape is `shape`, an ANY first entry met by any size."""
+    return got[1:] == shape[1:] and len(got) == len(shape) if shape and shape[0] is ANY else got == shape
 
 
 def _fail(message: str) -> None:
@@ -135,8 +140,7 @@ class DecodeStep:
         """dtype, shape, device, and layout: the whole tensor contiguous, or its last dimension."""
         if not isinstance(t, torch.Tensor):
             _fail(f"{name} must be a tensor, got {type(t).__name__}")
-        if t.dtype != dtype or t.device != self.device or t.dim() != len(shape) \
-                or any(s is not ANY and s != n for s, n in zip(shape, t.shape)):
+        if t.dtype != dtype or t.device != self.device or not _meets(t.shape, shape):
             want = f"{str(dtype).removeprefix('torch.')} {['*' if s is ANY else s for s in shape]} on {self.device}"
             _fail(f"{name} must be {want}, got {_describe(t)}")
         if contiguous and not t.is_contiguous():
