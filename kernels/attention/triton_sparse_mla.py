@@ -743,14 +743,15 @@ def _check(cond: bool, message: str, who: str = "sparse MLA attention") -> None:
 
 def _check_tensor(name: str, t: torch.Tensor, dtype: torch.dtype, shape: tuple, device: torch.device,
                   who: str = "sparse MLA attention") -> None:
-    # The messages are formatted only on failure: these checks run on every launch.
+    # The messages are formatted only on failure, and a fully given shape is compared at once: these
+    # checks run on every launch.
     if not isinstance(t, torch.Tensor):
         _fail(f"{name} must be a tensor", who)
     if t.dtype != dtype:
         _fail(f"{name} must be {dtype}, got {t.dtype}", who)
     if t.device != device:
         _fail(f"{name} is on {t.device}, q_nope on {device}", who)
-    if t.dim() != len(shape) or not all(s is None or s == n for s, n in zip(shape, t.shape)):
+    if t.shape != shape and (t.dim() != len(shape) or not all(s is None or s == n for s, n in zip(shape, t.shape))):
         _fail(f"{name} has shape {list(t.shape)}, expected {['*' if s is None else s for s in shape]}", who)
     if t.dim() != 0 and t.stride(-1) != 1:
         _fail(f"{name} must have a contiguous last dimension", who)
