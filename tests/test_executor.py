@@ -346,7 +346,7 @@ def test_an_address_that_answers_but_is_no_ray_cluster_fails_in_one_line_at_once
 def token_cluster(tmp_path_factory):
     """A Ray head on this machine that asks every client for a token (Ray's token authentication) and counts
     one GPU, whether or not one is here; and an environment without a token: a HOME with no
-    ~/.ray/auth_token and no RAY_AUTH_* variables."""
+    ~/.ray/auth_token and no RAY_AUTH_* variables. Yields (GCS port, token, environment, the raylet's port)."""
     pytest.importorskip("ray")
     if importlib.util.find_spec("ray._private.authentication") is None:
         pytest.skip("this Ray has no token authentication")
@@ -356,11 +356,12 @@ def token_cluster(tmp_path_factory):
     # Its own temp dir: Ray records the last cluster started in the default one, where a later plain
     # ray.init() would try to join it. Short, as Ray's socket paths live under it.
     temp_dir = tempfile.mkdtemp(prefix="dsactl-ray-")
-    token, port = secrets.token_hex(32), _closed_port()
+    token, port, node_manager_port = secrets.token_hex(32), _closed_port(), _closed_port()
     bare = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
     bare["HOME"] = str(home)
     head = subprocess.Popen([sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
                              "--num-cpus=1", "--num-gpus=1", "--include-dashboard=false", "--disable-usage-stats",
+                             f"--node-manager-port={node_manager_port}",
                              "--block", f"--temp-dir={temp_dir}"],
                             env={**bare, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": token},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -369,7 +370,7 @@ def token_cluster(tmp_path_factory):
         while unreachable(f"127.0.0.1:{port}", timeout=1) is not None:
             assert head.poll() is None and time.monotonic() < deadline, "the Ray head did not start"
             time.sleep(0.5)
-        yield port, token, bare
+        yield port, token, bare, node_manager_port
     finally:
         head.terminate()
         head.wait(timeout=60)
@@ -383,7 +384,7 @@ def test_a_cluster_that_asks_for_a_token_says_how_to_give_it(token_cluster):
     is not taken for one)."""
     from dsactl.device import has_cuda_gpu
 
-    port, token, bare = token_cluster
+    port, token, bare, _ = token_cluster
     run = ("verify", "--suite", "hostile", "-w", "hostile-after-topk", "--ray", f"127.0.0.1:{port}")
     cannot = f"error: --ray 127.0.0.1:{port}: cannot reach a Ray cluster ("
     where = "RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token)"
@@ -406,6 +407,20 @@ def test_a_cluster_that_asks_for_a_token_says_how_to_give_it(token_cluster):
     assert header.endswith("device cuda" if has_cuda_gpu() else "device cpu (no CUDA GPU: Triton runs under the "
                                                                  "interpreter)"), header
     assert "on Ray, 1 actor, one per GPU" in r.stdout and "passed" in r.stdout, r.stdout + r.stderr
+
+
+def test_a_ray_port_that_is_no_gcs_fails_in_one_line_at_once(token_cluster):
+    """Another of Ray's gRPC ports (here the raylet's) given for the cluster's: named as no GCS at once, not
+    after ray.init's twenty seconds of logged retries."""
+    _, _, bare, node_manager_port = token_cluster
+    start = time.monotonic()
+    r = _dsactl("verify", "--suite", "hostile", "-w", "hostile-after-topk", "--ray", f"127.0.0.1:{node_manager_port}",
+                env=bare)
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert r.stderr.strip() == (f"error: --ray 127.0.0.1:{node_manager_port}: cannot reach a Ray cluster (it answers "
+                                "gRPC but serves no Ray GCS: give the head's GCS port (6379 unless `ray start --port` "
+                                "said otherwise), or ray://host:10001 for the Ray Client server)"), r.stderr
+    assert time.monotonic() - start < 15, "refused only after Ray's retries"
 
 
 class _RemoteGpus:

@@ -91,18 +91,21 @@ def join_failure(error: BaseException) -> str:
     return f"it refused this process's token: give the cluster's own in {where}"
 
 
-def token_refusal(address: str) -> BaseException | None:
-    """Ray's AuthenticationError for joining the cluster at a GCS address (host:port): this process has no token
-    where RAY_AUTH_MODE=token asks for one, or the cluster refuses the token (or the lack of one). Asked with
-    one call before ray.init, which retries a refused join for Ray's twenty seconds and logs each try. None
-    when nothing is refused, or the question cannot be asked (a ray:// address, a Ray without token
-    authentication or whose private client API differs): ray.init then finds out for itself."""
+GRPC_UNIMPLEMENTED = 12  # the status of a call to a service the server does not have
+
+
+def gcs_refusal(address: str) -> str | None:
+    """Why the server at a GCS address (host:port) takes no join, asked with one call of Ray's own client
+    before ray.init, which would retry for twenty seconds and log each try: its token authentication
+    refuses this process's token (or the lack of one), or it is a gRPC server with no Ray GCS service (another
+    of Ray's ports, or another program). None when it answers as a GCS, or the question cannot be asked (a
+    ray:// address, or a Ray whose private client API differs): ray.init then finds out for itself."""
     if address.startswith("ray://") or address in ("auto", "local"):
         return None
     try:
         from ray._private.authentication.authentication_token_setup import ensure_token_if_auth_enabled
         from ray._raylet import GcsClient
-        from ray.exceptions import AuthenticationError
+        from ray.exceptions import AuthenticationError, RpcError
     except ImportError:
         return None
     with _stderr_silenced():  # the native client logs the refusal; the caller says it in one line
@@ -111,7 +114,12 @@ def token_refusal(address: str) -> BaseException | None:
             ensure_token_if_auth_enabled(None, create_token_if_missing=False)
             GcsClient(address=address)
         except AuthenticationError as e:
-            return e
+            return join_failure(e)
+        except RpcError as e:
+            if getattr(e, "rpc_code", None) == GRPC_UNIMPLEMENTED:
+                return ("it answers gRPC but serves no Ray GCS: give the head's GCS port (6379 unless "
+                        "`ray start --port` said otherwise), or ray://host:10001 for the Ray Client server")
+            return None
         except Exception:
             return None
     return None
@@ -237,9 +245,9 @@ class RayExecutor:
             why = unreachable(self.address)  # None for "auto" and "local": no port to try
             if why:
                 raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster ({why})")
-            refused = token_refusal(self.address)
-            if refused is not None:
-                raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster ({join_failure(refused)})")
+            why = gcs_refusal(self.address)
+            if why:
+                raise DsactlError(f"--ray {self.address}: cannot reach a Ray cluster ({why})")
             try:
                 # "local" as it is: address=None would join a cluster RAY_ADDRESS or Ray's last-cluster file names.
                 ray.init(address=self.address, include_dashboard=False,
