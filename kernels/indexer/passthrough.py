@@ -78,7 +78,8 @@ def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Te
     indexer_passthrough_kernel[(rows, cdiv(topk, BLOCK))](
         seq_lens, block_table, out, BAD_PAGES.tensor(out.device), block_table.stride(0),
         block_table.shape[1] * PAGE_SIZE, num_pages,
-        NEXT_N=next_n, TOPK=topk, BLOCK=BLOCK, PAGE=PAGE_SIZE, num_warps=4, num_stages=1, enable_fp_fusion=FP_FUSION,
+        NEXT_N=next_n, TOPK=topk, BLOCK=BLOCK, PAGE=PAGE_SIZE, num_warps=4, num_stages=1,
+        enable_fp_fusion=FP_FUSION,
     )
 
 

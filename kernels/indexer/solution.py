@@ -22,6 +22,7 @@ import torch
 
 from ..errors import KernelInputError
 from ..fp8 import PAGE_SIZE
+from ..launch_math import next_power_of_2
 from ..topk.launcher import topk_page_transform
 from .passthrough import passthrough
 from .score import query_shape, score
@@ -35,7 +36,7 @@ _ROW_TO_BATCH: dict[tuple[torch.device, int], list[torch.Tensor]] = {}
 def _row_to_batch(device: torch.device, rows: int, next_n: int) -> torch.Tensor:
     handed_out = _ROW_TO_BATCH.setdefault((device, next_n), [])
     if not handed_out or handed_out[-1].numel() < rows:
-        size = 1 << max(rows - 1, 0).bit_length()  # a power of two >= rows: few tensors kept
+        size = max(next_power_of_2(rows), 1)  # a power of two >= rows: few tensors kept
         handed_out.append((torch.arange(size, device=device, dtype=torch.int32) // next_n).contiguous())
     return handed_out[-1][:rows]
 
