@@ -60,12 +60,14 @@ def builds(tmp_path_factory):
 @needs_nvcc
 def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds):
     rows, arch_dir = builds["sm90a"]
-    # (FP8 KV, CTAs sharing one gather, Q by TMA): bf16 alone, Q by cp.async (long splits) or TMA (short);
-    # FP8 alone (64 heads) and in 2-CTA clusters (128).
-    assert {(r.kernel, r.configuration) for r in rows} == {("hopper_mla::hopper_mla_kernel", "false, 1, false"),
-                                                           ("hopper_mla::hopper_mla_kernel", "false, 1, true"),
-                                                           ("hopper_mla::hopper_mla_kernel", "true, 1, false"),
-                                                           ("hopper_mla::hopper_mla_kernel", "true, 2, false")}
+    # (FP8 KV, CTAs sharing one gather, Q by TMA, FP8 staged as fp16 rows): bf16 alone, Q by cp.async (long
+    # splits) or TMA (short); FP8 alone (64 heads) and in 2-CTA clusters (128); FP8 staged, alone.
+    kernel = "hopper_mla::hopper_mla_kernel"
+    assert {(r.kernel, r.configuration) for r in rows} == {(kernel, "false, 1, false, false"),
+                                                           (kernel, "false, 1, true, false"),
+                                                           (kernel, "true, 1, false, false"),
+                                                           (kernel, "true, 2, false, false"),
+                                                           (kernel, "true, 1, false, true")}
     for row in rows:
         assert (row.spill_stores, row.spill_loads, row.stack_frame, row.local) == (0, 0, 0, 0), row
         # __launch_bounds__(384, 1): the entry register count is the file's 65536 / 384, rounded down to 8.
@@ -84,14 +86,14 @@ def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds
     # Short bf16 splits take Q by TMA: the 8 ckv boxes and the kpe box, in that kernel alone.
     kernels = dict(re.findall(r"Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S))
     tma = [name for name, body in kernels.items() if "UTMALDG.3D" in body]
-    assert len(tma) == 1 and "ILb0ELi1ELb1E" in tma[0], list(kernels)
+    assert len(tma) == 1 and "ILb0ELi1ELb1ELb0E" in tma[0], list(kernels)
     assert kernels[tma[0]].count("UTMALDG.3D") == 9
 
 
 @needs_nvcc
 def test_builds_for_sm100a_with_a_trapping_body(builds):
     rows, arch_dir = builds["sm100a"]
-    assert len(rows) == 4 and all(not r.spills and r.local == 0 for r in rows)
+    assert len(rows) == 5 and all(not r.spills and r.local == 0 for r in rows)
     assert "warning" not in build_cuda.log_path(arch_dir, cuda_library.find(hopper_mla.LIBRARY)).read_text()
     sass = subprocess.run([str(cuobjdump.cuobjdump_path()), "-sass", str(arch_dir / "libhopper_mla.so")],
                           capture_output=True, text=True, check=True).stdout
@@ -106,13 +108,23 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     fake = 1 << 20  # an aligned address that is never dereferenced: every call below fails its checks first
 
     def call(heads=64, topk=2048, splits=1, num_tokens=1, q_stride=576, kv_a=fake, parts=(fake, fake, fake),
-             in_cluster=0, bf16_partials=0, cache_tokens=4096, bad_count=fake, scale_log2=1.0):
-        return lib.dsa_hopper_mla_decode(fake, q_stride * heads, q_stride, fake, q_stride * heads, q_stride, 0,
-                                         kv_a, 512, fake, 64, fake, topk, num_tokens, heads, topk, splits, in_cluster,
-                                         bf16_partials, scale_log2, 1.0, fake, 512 * heads, 512, fake, heads, 1, *parts,
-                                         cache_tokens, bad_count, None)
+             in_cluster=0, bf16_partials=0, cache_tokens=4096, bad_count=fake, scale_log2=1.0,
+             kv_format=hopper_mla.KV_BF16, kv_b=fake, kv_a_stride=512):
+        return lib.dsa_hopper_mla_decode(fake, q_stride * heads, q_stride, fake, q_stride * heads, q_stride,
+                                         kv_format, kv_a, kv_a_stride, kv_b, 64, fake, topk, num_tokens, heads, topk,
+                                         splits, in_cluster, bf16_partials, scale_log2, 1.0, fake, 512 * heads, 512,
+                                         fake, heads, 1, *parts, cache_tokens, bad_count, None)
 
     bad_shape, bad_alignment, null, bad_cluster, partials_unused, bad_scale = -1, -2, -3, -5, -7, -8
+    bad_format = -9
+    assert call(kv_format=3) == bad_format and call(kv_format=-1) == bad_format
+    # FP8 staged: fp16 rows of 576 (16-byte aligned, strides of 8 elements) and 4-byte aligned factors.
+    staged = hopper_mla.KV_STAGED
+    assert call(kv_format=staged, kv_a_stride=576, num_tokens=0) == 0
+    assert call(kv_format=staged, kv_a_stride=576, kv_b=None) == null
+    assert call(kv_format=staged, kv_a_stride=580) == bad_alignment
+    assert call(kv_format=staged, kv_b=fake + 2) == bad_alignment
+    assert call(kv_format=staged, kv_a=fake + 8) == bad_alignment
     assert call(heads=8) == bad_shape and call(heads=48) == bad_shape and call(heads=96) == bad_shape
     assert call(topk=100) == bad_shape and call(topk=4096) == bad_shape and call(topk=0) == bad_shape
     assert call(splits=0) == bad_shape and call(splits=hopper_mla.MAX_SPLITS + 1) == bad_shape
@@ -135,7 +147,7 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     for scale_log2 in (0.0, -0.0, -1.0, float("nan")):
         assert call(scale_log2=scale_log2) == bad_scale
     assert call(scale_log2=2.0 ** -149, q_stride=580) == bad_alignment
-    for code in (bad_shape, bad_alignment, null, -4, bad_cluster, -6, partials_unused, bad_scale):
+    for code in (bad_shape, bad_alignment, null, -4, bad_cluster, -6, partials_unused, bad_scale, bad_format):
         assert lib.dsa_hopper_mla_error_string(code).decode() not in ("ok", "unknown error")
 
 
@@ -413,16 +425,17 @@ def test_gpu_negative_and_zero_sm_scale(heads, suffix, factor):
 @pytest.mark.gpu
 @on_sm90
 @pytest.mark.parametrize("heads", hopper_mla.HEADS)
-@pytest.mark.parametrize("suffix", ["", "_fp8kv"])
+@pytest.mark.parametrize("suffix, staged", [("", None), ("_fp8kv", False), ("_fp8kv", True)])
 @pytest.mark.parametrize("num_splits", [None, 1, 2, 3])
-def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, suffix, num_splits):
+def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, suffix, staged, num_splits):
     from test_attention import check_out_of_range_ids
     definition = definition_name(heads, 2048, suffix)
     inputs = case_inputs(definition, 4, 64, "cuda", seed=heads, pattern="scattered")
     d = get(definition)
 
     def launcher(*args, **kwargs):
-        hopper_mla.sparse_mla_attention(**dict(zip(d.signature, args)), num_splits=num_splits, **kwargs)
+        hopper_mla.sparse_mla_attention(**dict(zip(d.signature, args)), num_splits=num_splits, staged=bool(staged),
+                                        **kwargs)
 
     check_out_of_range_ids(definition, inputs, launcher,
                            (hopper_mla.bad_index_count, hopper_mla.reset_bad_index_count))
@@ -643,3 +656,39 @@ def test_an_sm90_gpu_without_the_build_is_an_error_naming_the_build(monkeypatch)
     named = {**inputs, **poisoned_outputs(definition, inputs)}
     with pytest.raises(KernelBuildError, match=r"dsactl build --arch sm90a.*DSA_ATTENTION_KERNEL=triton"):
         solution.sparse_attention(**named)
+
+
+# ------------------------------------------------------------------ FP8 staged as fp16 rows (GPU)
+
+@pytest.mark.gpu
+@on_sm90
+@pytest.mark.parametrize("heads", hopper_mla.HEADS)
+@pytest.mark.parametrize("scaled", [None, "kv", "both"])
+def test_gpu_staged_fp8_equals_the_fp8_path_bit_for_bit(heads, scaled):
+    """Staging the cache as fp16 rows moves the conversion ahead of the kernel without changing a value:
+    output and lse equal the FP8 path's bit for bit, tokens past fp16's range included, with one split and
+    with the combine kernel's three."""
+    definition = definition_name(heads, 2048, "_fp8kv")
+    base = case_inputs(definition, 6, 128, "cuda", seed=heads, pattern="scattered", valid=(2048, 5, 0, 1000, 64, 2047))
+    inputs, factor = _scaled_past_fp16(base, scaled) if scaled else (base, 1.0)
+    for num_splits in (1, 3):
+        direct = _call(definition, inputs, num_splits, staged=False, reduce_in_cluster=False)
+        staged = _call(definition, inputs, num_splits, staged=True, reduce_in_cluster=False)
+        assert torch.equal(staged["output"], direct["output"]) and torch.equal(staged["lse"], direct["lse"])
+    _check_past_fp16(definition, base, inputs, factor, staged)
+
+
+@pytest.mark.gpu
+@on_sm90
+@pytest.mark.parametrize("heads", [64, 128])
+@pytest.mark.parametrize("pattern", ["duplicates", "empty", "tail"])
+def test_gpu_staged_prefill_matches_the_reference(heads, pattern):
+    """A prefill call (1024 tokens over a 4096-token cache) on staged rows matches the reference and repeats
+    bit for bit, with every split choice."""
+    definition = definition_name(heads, 2048, "_fp8kv_lsee")
+    params = {"pattern": pattern, **({"valid": (3, 2048, 65, 0)} if pattern == "tail" else {})}
+    inputs = case_inputs(definition, 1024, 64, "cuda", seed=heads + len(pattern), **params)
+    assert_repeatable(lambda: _call(definition, inputs, staged=True), definition, inputs, 2)
+    for num_splits, in_cluster in ((2, True), (2, False), (5, False)):
+        outputs = _call(definition, inputs, num_splits, staged=True, reduce_in_cluster=in_cluster)
+        assert_matches_reference(definition, inputs, outputs)

@@ -61,17 +61,17 @@ EXPECTED_FILES = {
     # FP8 KV at any head count may go to either CUDA kernel: the dispatch and both.
     ("dsactl-attention-fp8kv", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64_fp8kv"): [
         "kernels/__init__.py", "kernels/attention/alignment.py", "kernels/attention/dispatch.py",
-        "kernels/attention/entries.py", "kernels/attention/hopper_mla.py", "kernels/attention/mma_mla.py",
-        "kernels/attention/solution.py", "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py",
-        "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py", "kernels/launch_math.py",
-        "kernels/triton_options.py", "kernels/tuned.py", HOPPER_TABLE, MMA_TABLE, ATTENTION_TABLE, *HOPPER_CUDA,
-        "kernels/attention/mma_mla.cu"],
+        "kernels/attention/entries.py", "kernels/attention/fp8_staging.py", "kernels/attention/hopper_mla.py",
+        "kernels/attention/mma_mla.py", "kernels/attention/solution.py", "kernels/attention/triton_sparse_mla.py",
+        "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py",
+        "kernels/launch_math.py", "kernels/triton_options.py", "kernels/tuned.py", HOPPER_TABLE, MMA_TABLE,
+        ATTENTION_TABLE, *HOPPER_CUDA, "kernels/attention/mma_mla.cu"],
     ("dsactl-attention-hopper", "dsa_sparse_attention_h128_ckv512_kpe64_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/attention/alignment.py", "kernels/attention/dispatch.py",
-        "kernels/attention/entries.py", "kernels/attention/hopper_mla.py", "kernels/attention/triton_sparse_mla.py",
-        "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py", "kernels/fp8.py",
-        "kernels/launch_math.py", "kernels/triton_options.py", "kernels/tuned.py", HOPPER_TABLE, ATTENTION_TABLE,
-        *HOPPER_CUDA],
+        "kernels/attention/entries.py", "kernels/attention/fp8_staging.py", "kernels/attention/hopper_mla.py",
+        "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py", "kernels/cuda_library.py",
+        "kernels/errors.py", "kernels/fp8.py", "kernels/launch_math.py", "kernels/triton_options.py",
+        "kernels/tuned.py", HOPPER_TABLE, ATTENTION_TABLE, *HOPPER_CUDA],
     ("dsactl-attention-mma-fp8kv-sink", "dsa_sparse_attention_h32_ckv512_kpe64_topk2048_ps64_fp8kv_sink"): [
         "kernels/__init__.py", "kernels/attention/alignment.py", "kernels/attention/entries.py",
         "kernels/attention/mma_mla.py", "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py",

@@ -10,7 +10,10 @@
 //     bf16: ckv rows of 512 and kpe rows of 64 values (row strides multiples of 8 elements,
 //           16-byte aligned bases), indexed by physical token id; or
 //     FP8:  656 contiguous bytes per token (512 e4m3, 4 fp32 scales one per 128 values, 64 bf16
-//           rope values), 16-byte aligned base.
+//           rope values), 16-byte aligned base; or
+//     FP8 staged: that cache dequantized ahead of the kernel into fp16 rows of 576 (ckv then rope; row
+//           stride a multiple of 8 elements, 16-byte aligned base), each token scaled down by 2^-shift as
+//           the FP8 path scales it (below), and the fp32 factors 2^shift [tokens] (produce_rows).
 //   indices [T, topk] int32 physical token ids, topk a multiple of 64 in [64, 2048]; any negative
 //     id (the contract's -1) is masked anywhere in the row: score -inf, row never dereferenced.
 //   Split s of S takes the row positions s, s + S, s + 2S, ... (as the Triton kernel, so the
@@ -223,9 +226,9 @@ struct Params {
   long long q_nope_stride_t, q_nope_stride_h;
   const __nv_bfloat16* q_pe;
   long long q_pe_stride_t, q_pe_stride_h;
-  const void* kv_a;  // bf16: ckv rows; FP8: the 656-byte token cache
-  long long kv_a_stride;  // bf16: ckv row stride in elements
-  const void* kv_b;  // bf16: kpe rows; FP8: unused
+  const void* kv_a;  // bf16: ckv rows; FP8: the 656-byte token cache; staged: fp16 rows of 576
+  long long kv_a_stride;  // bf16, staged: row stride in elements
+  const void* kv_b;  // bf16: kpe rows; FP8: unused; staged: each token's factor 2^shift (fp32)
   long long kv_b_stride;
   const int* indices;
   long long indices_stride_t;
@@ -388,10 +391,17 @@ __device__ __forceinline__ int pass_index(const Params& p, const Work& w, int q)
   return gather_index(p, w, q / kPasses, (q % kPasses) * kTokensPerPass + threadIdx.x / kLanesPerToken);
 }
 
-__device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
+// Rows of 16-bit values, copied as they are (cp.async): bf16 ckv and kpe rows, or (kStaged) the FP8 cache
+// staged ahead of the kernel (kernels/attention/fp8_staging.py) as what store_fp8 would have written: fp16
+// rows of 576 (ckv, then rope) scaled down by each token's 2^-shift, whose factors 2^shift are the column
+// codes. Staged rows then run the FP8 path's fp16 MMAs, which undo the shifts.
+template <bool kStaged>
+__device__ void produce_rows(const Params& p, const Smem& sm, const Work& w) {
   const int piece = threadIdx.x % kLanesPerToken;
-  const __nv_bfloat16* ckv = static_cast<const __nv_bfloat16*>(p.kv_a);
-  const __nv_bfloat16* kpe = static_cast<const __nv_bfloat16*>(p.kv_b);
+  const uint16_t* ckv = static_cast<const uint16_t*>(p.kv_a);
+  const uint16_t* kpe = kStaged ? ckv + kCkvDim : static_cast<const uint16_t*>(p.kv_b);
+  const long long kpe_stride = kStaged ? p.kv_a_stride : p.kv_b_stride;
+  const float* factors = static_cast<const float*>(p.kv_b);
   for (int b = 0; b < w.num_blocks; ++b) {
     const int stage = b % kStages;
     // Every index first: their loads are independent and in flight together.
@@ -406,14 +416,17 @@ __device__ void produce_bf16(const Params& p, const Smem& sm, const Work& w) {
       // A masked row is zero-filled without a read: P = 0 there, and 0 * garbage could be NaN.
       const uint32_t bytes = valid ? 16 : 0;
       const long long row = valid ? idx[pass] : 0;
-      const __nv_bfloat16* ckv_row = ckv + row * p.kv_a_stride + piece * 8;
+      const uint16_t* ckv_row = ckv + row * p.kv_a_stride + piece * 8;
       const uint32_t dst = sm.k(stage) + swizzled(token, piece);
 #pragma unroll
       for (int chunk = 0; chunk < kCkvChunks; ++chunk) {
         cp_async_16(dst + chunk * kChunkBytes, ckv_row + chunk * kChunkElems, bytes);
       }
-      cp_async_16(dst + kCkvChunks * kChunkBytes, kpe + row * p.kv_b_stride + piece * 8, bytes);
-      if (piece == 0) sm.codes(stage)[token] = valid ? column_code(0) : kMaskedColumn;
+      cp_async_16(dst + kCkvChunks * kChunkBytes, kpe + row * kpe_stride + piece * 8, bytes);
+      if (piece == 0) {
+        const int code = kStaged ? __float_as_int(__ldg(factors + row)) : column_code(0);
+        sm.codes(stage)[token] = valid ? code : kMaskedColumn;
+      }
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -1272,10 +1285,13 @@ __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, cons
 
 // Grid (head group, split, token); the head groups of one (token, split) are adjacent so that
 // their identical gathers hit L2, and form the cluster when kPeers = 2 (cluster dims (kPeers, 1, 1)).
-template <bool kFp8, int kPeers, bool kQTma>
+// kStaged: FP8 KV staged as fp16 rows (produce_rows); the rest of the kernel is the FP8 path's.
+template <bool kFp8, int kPeers, bool kQTma, bool kStaged>
 __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_constant__ Params p,
                                                                   const __grid_constant__ QMapsOf<kQTma> q_maps) {
-  static_assert(kPeers == 1 || (kPeers == 2 && kFp8), "only the FP8 producer shares its gather, with one peer");
+  static_assert(kPeers == 1 || (kPeers == 2 && kFp8 && !kStaged),
+                "only the FP8 producer shares its gather, with one peer");
+  static_assert(!kStaged || kFp8, "staged rows run the FP8 path's fp16 consumers");
   static_assert(!(kFp8 && kQTma), "FP8 converts Q in its consumers; only bf16 loads it by TMA");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
@@ -1328,10 +1344,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (warpgroup == 0) {
     setmaxnreg_dec<Regs<kFp8>::kProducer>();
-    if constexpr (kFp8) {
+    if constexpr (kFp8 && !kStaged) {
       produce_fp8<kPeers>(p, sm, w, rank, peer_delta);
     } else {
-      produce_bf16(p, sm, w);
+      produce_rows<kStaged>(p, sm, w);
     }
     merge_in_cluster(p, sm, w, false);
   } else if (warpgroup == 1) {
@@ -1365,10 +1381,14 @@ enum ErrorCode : int {
   kNoTensorMaps = -6,
   kBf16PartialsUnused = -7,
   kBadLogitScale = -8,
+  kBadKvFormat = -9,
 };
 
+// The KV forms dsa_hopper_mla_decode takes (kv_format).
+enum KvFormat : int { kKvBf16 = 0, kKvFp8 = 1, kKvStaged = 2 };
+
 constexpr int kMaxDevices = 64;
-template <bool kFp8, int kPeers, bool kQTma>
+template <bool kFp8, int kPeers, bool kQTma, bool kStaged>
 bool g_configured[kMaxDevices] = {};
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -1412,23 +1432,23 @@ int q_tensor_maps(const Params& p, int num_tokens, QMaps& maps) {
   return kOk;
 }
 
-template <bool kFp8, int kPeers, bool kQTma>
+template <bool kFp8, int kPeers, bool kQTma, bool kStaged = false>
 int launch(const Params& p, int num_tokens, cudaStream_t stream, const QMapsOf<kQTma>& q_maps = {}) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device >= kMaxDevices) return kBadShape;
   // Once per device and kernel: a device that passed the arch check keeps passing it.
-  if (!g_configured<kFp8, kPeers, kQTma>[device]) {
+  if (!g_configured<kFp8, kPeers, kQTma, kStaged>[device]) {
     int major = 0, minor = 0;
     err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
     if (err != cudaSuccess) return err;
     if (major != 9 || minor != 0) return kUnsupportedArch;  // the wgmma body is compiled for sm_90a only
-    err = cudaFuncSetAttribute(hopper_mla_kernel<kFp8, kPeers, kQTma>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               kSmemBytes);
+    err = cudaFuncSetAttribute(hopper_mla_kernel<kFp8, kPeers, kQTma, kStaged>,
+                               cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
-    g_configured<kFp8, kPeers, kQTma>[device] = true;
+    g_configured<kFp8, kPeers, kQTma, kStaged>[device] = true;
   }
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
@@ -1442,7 +1462,7 @@ int launch(const Params& p, int num_tokens, cudaStream_t stream, const QMapsOf<k
   config.stream = stream;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, hopper_mla_kernel<kFp8, kPeers, kQTma>, p, q_maps);
+  return cudaLaunchKernelEx(&config, hopper_mla_kernel<kFp8, kPeers, kQTma, kStaged>, p, q_maps);
 }
 
 }  // namespace
@@ -1463,7 +1483,7 @@ int dsa_hopper_mla_cluster_splits() { return kClusterSplits; }
 // See the contract at the top of this file. Returns 0, a CUDA error code (> 0) or a negative
 // ErrorCode; dsa_hopper_mla_error_string names either. Argument checks come before any CUDA call.
 int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long long q_nope_stride_h,
-                          const void* q_pe, long long q_pe_stride_t, long long q_pe_stride_h, int fp8kv,
+                          const void* q_pe, long long q_pe_stride_t, long long q_pe_stride_h, int kv_format,
                           const void* kv_a, long long kv_a_stride, const void* kv_b, long long kv_b_stride,
                           const int* indices, long long indices_stride_t, int num_tokens, int heads, int topk,
                           int num_splits, int reduce_in_cluster, int bf16_partials, float sm_scale_log2,
@@ -1471,6 +1491,7 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                           long long lse_stride_t, long long lse_stride_h,
                           void* part_acc, float* part_m, float* part_l, long long cache_tokens,
                           int* bad_index_count, cudaStream_t stream) {
+  if (kv_format != kKvBf16 && kv_format != kKvFp8 && kv_format != kKvStaged) return kBadKvFormat;
   if (heads != 16 && heads != 32 && heads != 64 && heads != 128) return kBadShape;
   if (topk < kBlockTokens || topk > kMaxTopk || topk % kBlockTokens != 0) return kBadShape;
   if (num_splits < 1 || num_splits > kMaxSplits || num_tokens < 0 || num_tokens > kMaxTokens || cache_tokens < 0) {
@@ -1478,7 +1499,7 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
   }
   if (num_tokens == 0) return kOk;
   if (q_nope == nullptr || q_pe == nullptr || kv_a == nullptr || indices == nullptr || out == nullptr ||
-      lse == nullptr || bad_index_count == nullptr || (!fp8kv && kv_b == nullptr)) {
+      lse == nullptr || bad_index_count == nullptr || (kv_format != kKvFp8 && kv_b == nullptr)) {
     return kNullPointer;
   }
   if (reduce_in_cluster && num_splits != kClusterSplits) return kBadClusterSplits;
@@ -1487,8 +1508,10 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
   if (bf16_partials && !partials) return kBf16PartialsUnused;
   // consume_softmax scales each block's raw maximum, which is the scaled maximum only for a positive scale.
   if (!(sm_scale_log2 > 0.f)) return kBadLogitScale;
-  const bool kv_ok = fp8kv ? aligned16(kv_a)
-                           : aligned16(kv_a) && aligned16(kv_b) && row_aligned(kv_a_stride) && row_aligned(kv_b_stride);
+  const bool kv_ok = kv_format == kKvFp8 ? aligned16(kv_a)
+                     : kv_format == kKvStaged
+                         ? aligned16(kv_a) && row_aligned(kv_a_stride) && reinterpret_cast<uintptr_t>(kv_b) % 4 == 0
+                         : aligned16(kv_a) && aligned16(kv_b) && row_aligned(kv_a_stride) && row_aligned(kv_b_stride);
   // A token stride is never stepped over with one token (torch gives size-1 dims any stride).
   const auto token_aligned = [num_tokens](long long stride) { return num_tokens == 1 || row_aligned(stride); };
   if (!aligned16(q_nope) || !aligned16(q_pe) || !token_aligned(q_nope_stride_t) || !row_aligned(q_nope_stride_h) ||
@@ -1503,7 +1526,8 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                  lse_stride_t, lse_stride_h, part_acc, part_m, part_l,
                  static_cast<uint32_t>(std::min(cache_tokens, kMaxCacheTokens)), bad_index_count};
   const int split0_tokens = (topk + num_splits - 1) / num_splits;  // the most any split takes
-  if (!fp8kv) {
+  if (kv_format == kKvStaged) return launch<true, 1, false, true>(p, num_tokens, stream);
+  if (kv_format == kKvBf16) {
     // Q by TMA takes whole 64-head boxes: below 64 heads Q comes by cp.async, the missing rows zero-filled.
     if (split0_tokens > kBlockTokens * kQTmaMaxBlocks || heads < kHeadsPerCta) {
       return launch<false, 1, false>(p, num_tokens, stream);
@@ -1536,6 +1560,7 @@ const char* dsa_hopper_mla_error_string(int code) {
     case kNoTensorMaps: return "q could not be described as a TMA tensor map (cuTensorMapEncodeTiled refused it)";
     case kBf16PartialsUnused: return "bf16_partials needs partials: num_splits > 1 and not reduce_in_cluster";
     case kBadLogitScale: return "sm_scale_log2 must be positive (the launcher turns sm_scale <= 0 into that)";
+    case kBadKvFormat: return "kv_format must be 0 (bf16), 1 (FP8) or 2 (FP8 staged as fp16 rows)";
     default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
 }

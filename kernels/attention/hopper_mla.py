@@ -24,6 +24,12 @@ that the Triton combine() reduces, or, with exactly CLUSTER_SPLITS (2) splits, i
 the two splits of one (token, head group) form a thread-block cluster and merge through distributed
 shared memory (no partials in global memory, no combine launch). merges_in_cluster() says when.
 
+Staging (staged=True): the whole FP8 cache is first converted into the fp16 rows the FP8 path would
+write to shared memory, and the kernel copies those rows instead of converting every gather: the same
+output bits, one pass over the cache instead of a conversion per gather (fp8_staging.py). Meant for
+calls that gather each cached token many times (prefill); the dispatch does not choose it until it is
+timed against the direct path on a GPU.
+
 Serving: the shipped attention entries (solution.py) send a call here when dispatch.py says this kernel
 serves it (fits() checks the limits and alignment); the entries below name it directly (sm_90 only), so
 that it can be timed and checked beside the Triton kernel.
@@ -42,6 +48,7 @@ from ..cuda_library import load_library
 from ..errors import KernelBuildError, KernelError, KernelInputError
 from ..fp8 import MLA_TOKEN_BYTES
 from ..tuned import Table, table_path
+from . import fp8_staging
 from . import triton_sparse_mla as tsm
 from .alignment import check_aligned
 from .dispatch import HOPPER_CAPABILITY, HOPPER_HEADS
@@ -59,6 +66,7 @@ TILE = tsm.Config(block_h=HEADS_PER_CTA, block_n=BLOCK_TOKENS, num_warps=12, num
 MAX_SPLITS = tsm.MAX_SPLITS  # the combine kernel's limit
 MAX_TOKENS = 65535  # tokens are the kernel grid's z dimension
 CLUSTER_SPLITS = 2  # the one split count merged in a cluster (hopper_mla.cu, kClusterSplits, says why)
+KV_BF16, KV_FP8, KV_STAGED = 0, 1, 2  # the kernel's kv_format (hopper_mla.cu, KvFormat)
 SMALLEST_DENORMAL = 2.0 ** -149  # the logit scale that stands for sm_scale 0 (sparse_mla_attention says why)
 
 
@@ -156,7 +164,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.dsa_hopper_mla_decode.argtypes = [
         p, i64, i64,  # q_nope, strides (token, head)
         p, i64, i64,  # q_pe, strides
-        i32,  # fp8kv
+        i32,  # KV format: KV_BF16, KV_FP8 or KV_STAGED
         p, i64, p, i64,  # kv_a + row stride, kv_b + row stride
         p, i64,  # indices, row stride
         i32, i32, i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits, reduce_in_cluster, bf16_partials
@@ -222,11 +230,12 @@ def sparse_mla_attention(
     kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
     lse_base_e: bool = False, num_splits: int | None = None, reduce_in_cluster: bool | None = None,
-    check: bool | None = None,
+    staged: bool = False, check: bool | None = None,
 ) -> None:
     """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention;
     topk_length and attn_sink must be None). num_splits overrides the split formula, reduce_in_cluster
-    the choice of merging the splits in a cluster rather than by the combine kernel. Ids outside the
+    the choice of merging the splits in a cluster rather than by the combine kernel; staged=True stages an
+    FP8 cache as fp16 rows first (fp8_staging.py; asked for, never chosen by the dispatch). Ids outside the
     cache are masked and counted in the Triton launcher's counter (bad_index_count); check (default:
     DSACTL_CHECK=1) refuses them on the host first."""
     num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache,
@@ -238,10 +247,13 @@ def sparse_mla_attention(
         tsm.check_ids_in_cache(sparse_indices, None, tokens_in_cache, WHO)
     if num_tokens == 0:
         return
+    staged = fp8kv and staged
     num_sms = tsm._num_sms(device)
     splits = num_splits or launch_splits(num_tokens, heads, topk, fp8kv, device)
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
-    in_cluster = merges_in_cluster(splits, heads, fp8kv) if reduce_in_cluster is None else reduce_in_cluster
+    # Staged rows are gathered per CTA, as bf16's: no head-group cluster to keep the splits' cluster from.
+    in_cluster = (merges_in_cluster(splits, heads, fp8kv and not staged) if reduce_in_cluster is None
+                  else reduce_in_cluster)
     _check(not in_cluster or splits == CLUSTER_SPLITS,
            f"splits merged in a cluster must number exactly {CLUSTER_SPLITS}, got {splits}")
     lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
@@ -252,10 +264,14 @@ def sparse_mla_attention(
     partials = (tsm.split_partials(device, num_tokens, splits, heads,
                                    torch.bfloat16 if bf16_partials else torch.float32)
                 if combined else (None, None, None))
-    if fp8kv:
-        kv_a, stride_a, kv_b, stride_b = kv_cache, MLA_TOKEN_BYTES, None, 0
+    if staged:
+        rows, factors = fp8_staging.stage(kv_cache)
+        kv_format, kv_a, stride_a, kv_b, stride_b = KV_STAGED, rows, rows.stride(0), factors, 0
+    elif fp8kv:
+        kv_format, kv_a, stride_a, kv_b, stride_b = KV_FP8, kv_cache, MLA_TOKEN_BYTES, None, 0
     else:
-        kv_a, stride_a, kv_b, stride_b = ckv_cache, ckv_cache.stride(1), kpe_cache, kpe_cache.stride(1)
+        kv_format, kv_a, stride_a = KV_BF16, ckv_cache, ckv_cache.stride(1)
+        kv_b, stride_b = kpe_cache, kpe_cache.stride(1)
 
     # The kernel applies a positive logit scale to each block's raw maximum (one multiply a row, not one
     # a logit): a negative sm_scale flips q's sign instead (exact; a copy, off the served path), and 0
@@ -269,7 +285,7 @@ def sparse_mla_attention(
         code = lib.dsa_hopper_mla_decode(
             q_nope.data_ptr(), q_nope.stride(0), q_nope.stride(1),
             q_pe.data_ptr(), q_pe.stride(0), q_pe.stride(1),
-            int(fp8kv), kv_a.data_ptr(), stride_a, None if kv_b is None else kv_b.data_ptr(), stride_b,
+            kv_format, kv_a.data_ptr(), stride_a, None if kv_b is None else kv_b.data_ptr(), stride_b,
             sparse_indices.data_ptr(), sparse_indices.stride(0),
             num_tokens, heads, topk, splits, int(in_cluster), int(bf16_partials),
             scale_log2, lse_scale,

@@ -1,0 +1,104 @@
+"""An FP8 MLA cache staged as fp16 rows for the Hopper kernel, where a call gathers each cached token many times.
+
+The Hopper kernel's FP8 path dequantizes every gathered token in its producer warpgroup, and that work
+bounds it. A call with many query tokens (prefill) gathers each cached token many times over: T x topk
+gathers from a cache of N tokens. Staging converts the cache once (N x 656 bytes read, N x 1156 written)
+into exactly what the FP8 path's producer would have written to shared memory (hopper_mla.cu,
+store_fp8), so the kernel's staged form copies rows as its bf16 path does and runs the FP8 path's fp16
+MMAs on the same values: the same output bits as the FP8 path, without its per-gather conversion.
+
+Contract: kv_cache int8 [P, 64, 656] contiguous (the FP8 MLA token layout, kernels/fp8.py) -> rows fp16
+[P * 64, 576] (ckv then rope) and factors fp32 [P * 64]. A token whose values could reach fp16's limit
+(448 x its largest scale, or its largest rope value, at 65504 or more) is stored scaled down by
+2^-shift, shift = min(exponent - 14, 15), and its factor is 2^shift (else 1): the kernel scales its
+logits and P back. ckv values are e4m3 x (scale x 2^-shift) rounded once, fp32 -> fp16; rope values
+bf16 x 2^-shift, likewise.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from ..errors import KernelInputError
+from ..fp8 import E4M3_MAX, MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_SCALE_GROUP, MLA_SCALE_OFFSET, MLA_TOKEN_BYTES
+from ..launch_math import cdiv
+from ..triton_options import FP_FUSION
+
+ROW_DIM = MLA_CKV_DIM + MLA_KPE_DIM  # 576: a staged row, ckv then rope
+# Tokens per program: 16 x 656 bytes in, 16 x 1156 out, enough bytes in flight per SM at 4 warps.
+BLOCK_TOKENS = 16
+NUM_WARPS = 4
+
+_TOKEN_BYTES = tl.constexpr(MLA_TOKEN_BYTES)
+_TOKEN_WORDS32 = tl.constexpr(MLA_TOKEN_BYTES // 4)
+_SCALE_WORD32 = tl.constexpr(MLA_SCALE_OFFSET // 4)
+_TOKEN_WORDS16 = tl.constexpr(MLA_TOKEN_BYTES // 2)
+_KPE_WORD16 = tl.constexpr(MLA_KPE_OFFSET // 2)
+_GROUP = tl.constexpr(MLA_SCALE_GROUP)
+_CKV = tl.constexpr(MLA_CKV_DIM)
+_KPE = tl.constexpr(MLA_KPE_DIM)
+_ROW = tl.constexpr(ROW_DIM)
+_E4M3_MAX = tl.constexpr(E4M3_MAX)
+_FP16_MAX = tl.constexpr(65504.0)
+# fp16's largest exponent that leaves room: a token whose largest value has exponent E >= 15 is scaled by
+# 2^-(E - 14); at most 2^15, so that P (<= 1) times the factor stays inside fp16 (hopper_mla.cu).
+_SHIFT_BIAS = tl.constexpr(14)
+_MAX_SHIFT = tl.constexpr(15)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def fp8_stage_kernel(kv_ptr, rows_ptr, factors_ptr, num_tokens, BLOCK_T: tl.constexpr):
+    tl.static_assert(_CKV == 4 * _GROUP, "one fp32 scale per 128 of the 512 ckv values")
+    tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
+    valid = tok < num_tokens
+    tok = tok.to(tl.int64)  # token ids times 656 bytes overflow int32 on large caches
+    c = tl.arange(0, _GROUP)
+    r = tl.arange(0, _KPE)
+    sc_ptr = kv_ptr.to(tl.pointer_type(tl.float32)) + tok * _TOKEN_WORDS32 + _SCALE_WORD32
+    sc0 = tl.load(sc_ptr, mask=valid, other=0.0)
+    sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
+    sc2 = tl.load(sc_ptr + 2, mask=valid, other=0.0)
+    sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
+    kpe = tl.load(kv_ptr.to(tl.pointer_type(tl.bfloat16)) + tok[:, None] * _TOKEN_WORDS16 + _KPE_WORD16 + r[None, :],
+                  mask=valid[:, None], other=0.0).to(tl.float32)
+    # The FP8 path's bound on the token's values (hopper_mla.cu, slice_largest, token_shift).
+    largest_scale = tl.maximum(tl.maximum(tl.abs(sc0), tl.abs(sc1)), tl.maximum(tl.abs(sc2), tl.abs(sc3)))
+    largest = tl.maximum(largest_scale * _E4M3_MAX, tl.max(tl.abs(kpe), axis=1))
+    exponent = ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    shift = tl.where(largest >= _FP16_MAX, tl.minimum(exponent - _SHIFT_BIAS, _MAX_SHIFT), 0)
+    down = ((127 - shift) << 23).to(tl.float32, bitcast=True)  # 2^-shift and 2^shift, exact
+    tl.store(factors_ptr + tok, ((127 + shift) << 23).to(tl.float32, bitcast=True), mask=valid)
+    row_ptr = rows_ptr + tok[:, None] * _ROW
+    e_ptr = kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + tok[:, None] * _TOKEN_BYTES + c[None, :]
+    for g in tl.static_range(4):
+        sc = tl.where(g == 0, sc0, tl.where(g == 1, sc1, tl.where(g == 2, sc2, sc3))) * down
+        e = tl.load(e_ptr + g * _GROUP, mask=valid[:, None], other=0.0).to(tl.float32)
+        tl.store(row_ptr + g * _GROUP + c[None, :], (e * sc[:, None]).to(tl.float16), mask=valid[:, None])
+    tl.store(row_ptr + _CKV + r[None, :], (kpe * down[:, None]).to(tl.float16), mask=valid[:, None])
+
+
+def stage(kv_cache: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(rows fp16 [P * 64, 576], factors fp32 [P * 64]), new tensors, of an FP8 MLA cache (module docstring)."""
+    if kv_cache.dtype != torch.int8 or kv_cache.dim() != 3 or kv_cache.shape[2] != MLA_TOKEN_BYTES:
+        raise KernelInputError(f"kv_cache must be int8 [pages, 64, {MLA_TOKEN_BYTES}], got {kv_cache.dtype} "
+                               f"{list(kv_cache.shape)}")
+    if not kv_cache.is_contiguous():
+        raise KernelInputError(f"kv_cache must be contiguous ({MLA_TOKEN_BYTES} bytes per token)")
+    num_tokens = kv_cache.shape[0] * kv_cache.shape[1]
+    rows = torch.empty(num_tokens, ROW_DIM, dtype=torch.float16, device=kv_cache.device)
+    factors = torch.empty(num_tokens, dtype=torch.float32, device=kv_cache.device)
+    if num_tokens:
+        fp8_stage_kernel[(cdiv(num_tokens, BLOCK_TOKENS),)](
+            kv_cache, rows, factors, num_tokens, BLOCK_T=BLOCK_TOKENS, num_warps=NUM_WARPS, num_stages=1,
+            enable_fp_fusion=FP_FUSION)
+    return rows, factors
+
+
+def aot_specs() -> list[dict]:
+    """The one configuration, for `dsactl build`."""
+    signature = {"kv_ptr": "*i8", "rows_ptr": "*fp16", "factors_ptr": "*fp32", "num_tokens": "i32",
+                 "BLOCK_T": "constexpr"}
+    return [{"name": "fp8_stage", "fn": fp8_stage_kernel, "signature": signature,
+             "constexprs": {"BLOCK_T": BLOCK_TOKENS}, "num_warps": NUM_WARPS, "num_stages": 1}]
