@@ -41,9 +41,10 @@ mkdir -p "$DIR"
 AREAS=("$@")
 [ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention prefill indexer topk pipeline ncu ncu-flashmla readme)
 
-# cupti-python times kernels by CUPTI; a wheel carried in .carry/ installs where pip has no network.
+# cupti-python times kernels by CUPTI; its wheel and pyelftools' (which it imports), carried in .carry/,
+# install where pip has no network.
 if ! python3 -c "from cupti import cupti" 2>/dev/null && ls .carry/cupti_python-*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-deps --no-index --target /tmp/cupti .carry/cupti_python-*.whl &&
+  python3 -m pip install -q --no-deps --no-index --target /tmp/cupti .carry/*.whl &&
     export PYTHONPATH=/tmp/cupti:$PYTHONPATH
 fi
 

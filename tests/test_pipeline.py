@@ -12,7 +12,7 @@ import os
 import pytest
 import torch
 
-from dsactl.bench import pipeline
+from dsactl.bench import pipeline, timing
 from dsactl.errors import DsactlError
 from dsactl.fp8 import PAGE_SIZE
 from dsactl.kernels.step import DecodeStep
@@ -145,8 +145,11 @@ def test_gpu_sweep_times_a_step_and_its_graph_stays_near_its_kernels():
     for row in rows:
         assert row.graph_method == "cuda-graph"
         assert 0 < row.kernels_us <= row.graph_us * 1.05 and row.eager_us > 0 and row.reference_us > row.kernels_us
-        # The span holds every kernel of one replay and excludes the graph's launch.
-        assert row.kernels_us * 0.95 <= row.graph_span_us <= row.graph_us * 1.05
+        # The span holds every kernel of one replay and excludes the graph's launch; it is read from CUPTI.
+        if "cupti" in timing.available_methods():
+            assert row.kernels_us * 0.95 <= row.graph_span_us <= row.graph_us * 1.05
+        else:
+            assert row.graph_span_us is None
         assert row.indexer_us > 0 and row.attention_us > 0
 
 
