@@ -658,7 +658,19 @@ def test_an_sm90_gpu_without_the_build_is_an_error_naming_the_build(monkeypatch)
         solution.sparse_attention(**named)
 
 
-# ------------------------------------------------------------------ FP8 staged as fp16 rows (GPU)
+# ------------------------------------------------------------------ FP8 staged as fp16 rows
+
+@pytest.mark.parametrize("tokens, heads, cache_tokens, stages", [
+    (256, 64, 65536, True), (4096, 128, 65536, True),  # measured wins
+    (128, 128, 65536, False),  # 4 gathers a cached token
+    (1024, 64, 524288, False), (4096, 128, 524288, False),  # a large cache: a loss, and wins within the noise
+    (128, 128, 4096, False),  # decode-sized: too few tokens, whatever the cache
+    (4096, 32, 65536, False), (4096, 16, 65536, False),  # unmeasured head counts
+])
+def test_fp8_calls_stage_their_cache_where_the_h200_measured_a_win(tokens, heads, cache_tokens, stages):
+    assert hopper_mla.stages_cache(tokens, heads, 2048, cache_tokens) is stages
+
+
 
 @pytest.mark.gpu
 @on_sm90
@@ -686,7 +698,8 @@ def test_gpu_staged_prefill_matches_the_reference(heads, pattern):
     """A prefill call (1024 tokens over a 4096-token cache) on staged rows matches the reference and repeats
     bit for bit, with every split choice."""
     definition = definition_name(heads, 2048, "_fp8kv_lsee")
-    params = {"pattern": pattern, **({"valid": (3, 2048, 65, 0)} if pattern == "tail" else {})}
+    tail = {"valid": (3, 2048, 65, 0) * 256}  # a length for each of the 1024 rows
+    params = {"pattern": pattern, **(tail if pattern == "tail" else {})}
     inputs = case_inputs(definition, 1024, 64, "cuda", seed=heads + len(pattern), **params)
     assert_repeatable(lambda: _call(definition, inputs, staged=True), definition, inputs, 2)
     for num_splits, in_cluster in ((2, True), (2, False), (5, False)):

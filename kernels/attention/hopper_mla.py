@@ -24,11 +24,10 @@ that the Triton combine() reduces, or, with exactly CLUSTER_SPLITS (2) splits, i
 the two splits of one (token, head group) form a thread-block cluster and merge through distributed
 shared memory (no partials in global memory, no combine launch). merges_in_cluster() says when.
 
-Staging (staged=True): the whole FP8 cache is first converted into the fp16 rows the FP8 path would
-write to shared memory, and the kernel copies those rows instead of converting every gather: the same
-output bits, one pass over the cache instead of a conversion per gather (fp8_staging.py). Meant for
-calls that gather each cached token many times (prefill); the dispatch does not choose it until it is
-timed against the direct path on a GPU.
+Staging: the whole FP8 cache is first converted into the fp16 rows the FP8 path would write to shared
+memory, and the kernel copies those rows instead of converting every gather: the same output bits, one
+pass over the cache instead of a conversion per gather (fp8_staging.py). It pays where a call gathers
+each cached token many times (prefill); stages_cache() says where, staged=True/False asks.
 
 Serving: the shipped attention entries (solution.py) send a call here when dispatch.py says this kernel
 serves it (fits() checks the limits and alignment); the entries below name it directly (sm_90 only), so
@@ -122,6 +121,30 @@ def launch_splits(num_tokens: int, heads: int, topk: int, fp8kv: bool, device: t
     """Splits of a launch: this GPU's tuned entry for the call's bucket, else num_splits_for()."""
     return tsm.launch_splits(TUNED, num_tokens, heads, topk, fp8kv, device, MAX_SPLITS,
                              lambda num_sms: num_splits_for(num_tokens, heads, topk, num_sms))
+
+
+# Staging costs a pass over the whole cache (656 B read, 1156 B written a token: 35 us for 64K tokens,
+# 258 us for 512K, H200) and saves part of every gather's conversion. Measured on the H200 (torch-profiler
+# timer, topk 2048, ids uniform over the cache; direct against staged, us): 64K cache, h64 T=256 231.6 ->
+# 216.7, T=1024 888.3 -> 704.2, T=4096 3492 -> 2657, h128 T=256 418.6 -> 390.6, T=4096 5952 -> 5092;
+# 512K cache, h64 T=1024 932.8 -> 1043.6 (4 gathers a cached token: staging loses), T=4096 3559 -> 3381,
+# h128 T=4096 5935 -> 5893. So a call stages from STAGE_GATHERS ids a cached token, the ratio every 64K
+# win reached, and from STAGE_MIN_TOKENS query tokens, the fewest measured (a decode batch's rows are
+# mostly padding when its cache is small, so its ids overstate the gathers).
+STAGE_GATHERS = 8
+STAGE_MIN_TOKENS = 256
+STAGE_HEADS = (64, 128)  # the head counts measured; 32 heads runs the same tile, unmeasured
+# The largest cache staged: the wins were 7-31% at 64K tokens but 1-5% at 512K, where a run-to-run
+# spread of that size can undo them; between the two, unmeasured. The staged copy a call allocates is
+# 1156 B a token: 150 MB at this size.
+STAGE_MAX_CACHE_TOKENS = 1 << 17
+
+
+def stages_cache(num_tokens: int, heads: int, topk: int, cache_tokens: int) -> bool:
+    """Whether an FP8 call stages its cache (module docstring, Staging): prefill-sized calls that gather
+    each cached token at least STAGE_GATHERS times, on caches of at most STAGE_MAX_CACHE_TOKENS."""
+    return (heads in STAGE_HEADS and num_tokens >= STAGE_MIN_TOKENS and cache_tokens <= STAGE_MAX_CACHE_TOKENS
+            and num_tokens * topk >= STAGE_GATHERS * cache_tokens)
 
 
 def groups(heads: int) -> int:
@@ -230,14 +253,14 @@ def sparse_mla_attention(
     kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
     lse_base_e: bool = False, num_splits: int | None = None, reduce_in_cluster: bool | None = None,
-    staged: bool = False, check: bool | None = None,
+    staged: bool | None = None, check: bool | None = None,
 ) -> None:
     """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention;
     topk_length and attn_sink must be None). num_splits overrides the split formula, reduce_in_cluster
-    the choice of merging the splits in a cluster rather than by the combine kernel; staged=True stages an
-    FP8 cache as fp16 rows first (fp8_staging.py; asked for, never chosen by the dispatch). Ids outside the
-    cache are masked and counted in the Triton launcher's counter (bad_index_count); check (default:
-    DSACTL_CHECK=1) refuses them on the host first."""
+    the choice of merging the splits in a cluster rather than by the combine kernel, staged the choice of
+    staging an FP8 cache as fp16 rows first (stages_cache). Ids outside the cache are masked and counted in
+    the Triton launcher's counter (bad_index_count); check (default: DSACTL_CHECK=1) refuses them on the
+    host first."""
     num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache,
                                                   kpe_cache, kv_cache, topk_length, attn_sink)
     device = q_nope.device
@@ -247,7 +270,7 @@ def sparse_mla_attention(
         tsm.check_ids_in_cache(sparse_indices, None, tokens_in_cache, WHO)
     if num_tokens == 0:
         return
-    staged = fp8kv and staged
+    staged = fp8kv and (stages_cache(num_tokens, heads, topk, tokens_in_cache) if staged is None else staged)
     num_sms = tsm._num_sms(device)
     splits = num_splits or launch_splits(num_tokens, heads, topk, fp8kv, device)
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
