@@ -65,8 +65,9 @@ class Row:
 
 TABLE = (
     Row(HOPPER, "kernels/attention/hopper_mla.cu (CUDA)", "sm_90", "32, 64, 128",
-        "bf16 or FP8 KV (FP8 from 8 tokens at 32 heads), LSE base 2 or e, no topk_length or sink; topk a multiple "
-        "of 64 up to 2048, at most 65535 tokens, 16-byte aligned rows"),
+        "bf16 or FP8 KV (FP8 from 8 tokens at 32 heads; prefill-sized FP8 calls stage the cache as fp16 rows), "
+        "LSE base 2 or e, no topk_length or sink; topk a multiple of 64 up to 2048, at most 65535 tokens, "
+        "16-byte aligned rows"),
     Row(MMA, "kernels/attention/mma_mla.cu (CUDA)", "sm_90", "16, 32",
         f"FP8 KV, every variant the row above does not take, from {MMA_MIN_TOKENS[16]} tokens at 16 heads and "
         f"{MMA_MIN_TOKENS[32]} at 32; topk up to 2048, at most 65535 tokens, 16-byte aligned rows"),
