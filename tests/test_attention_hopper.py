@@ -434,8 +434,7 @@ def test_gpu_ids_outside_the_cache_are_masked_and_counted(heads, suffix, staged,
     d = get(definition)
 
     def launcher(*args, **kwargs):
-        hopper_mla.sparse_mla_attention(**dict(zip(d.signature, args)), num_splits=num_splits, staged=bool(staged),
-                                        **kwargs)
+        hopper_mla.sparse_mla_attention(**dict(zip(d.signature, args)), num_splits=num_splits, staged=staged, **kwargs)
 
     check_out_of_range_ids(definition, inputs, launcher,
                            (hopper_mla.bad_index_count, hopper_mla.reset_bad_index_count))
@@ -669,7 +668,6 @@ def test_an_sm90_gpu_without_the_build_is_an_error_naming_the_build(monkeypatch)
 ])
 def test_fp8_calls_stage_their_cache_where_the_h200_measured_a_win(tokens, heads, cache_tokens, stages):
     assert hopper_mla.stages_cache(tokens, heads, 2048, cache_tokens) is stages
-
 
 
 @pytest.mark.gpu

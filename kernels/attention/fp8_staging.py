@@ -22,56 +22,36 @@ import triton
 import triton.language as tl
 
 from ..errors import KernelInputError
-from ..fp8 import E4M3_MAX, MLA_CKV_DIM, MLA_KPE_DIM, MLA_KPE_OFFSET, MLA_SCALE_GROUP, MLA_SCALE_OFFSET, MLA_TOKEN_BYTES
+from ..fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_SCALE_GROUP, MLA_TOKEN_BYTES
 from ..launch_math import cdiv
 from ..triton_options import FP_FUSION
+from .triton_sparse_mla import _fp8_scales_rope, _fp8_tokens, _token_shift
 
 ROW_DIM = MLA_CKV_DIM + MLA_KPE_DIM  # 576: a staged row, ckv then rope
 # Tokens per program: 16 x 656 bytes in, 16 x 1156 out, enough bytes in flight per SM at 4 warps.
 BLOCK_TOKENS = 16
 NUM_WARPS = 4
 
-_TOKEN_BYTES = tl.constexpr(MLA_TOKEN_BYTES)
-_TOKEN_WORDS32 = tl.constexpr(MLA_TOKEN_BYTES // 4)
-_SCALE_WORD32 = tl.constexpr(MLA_SCALE_OFFSET // 4)
-_TOKEN_WORDS16 = tl.constexpr(MLA_TOKEN_BYTES // 2)
-_KPE_WORD16 = tl.constexpr(MLA_KPE_OFFSET // 2)
 _GROUP = tl.constexpr(MLA_SCALE_GROUP)
 _CKV = tl.constexpr(MLA_CKV_DIM)
 _KPE = tl.constexpr(MLA_KPE_DIM)
 _ROW = tl.constexpr(ROW_DIM)
-_E4M3_MAX = tl.constexpr(E4M3_MAX)
-_FP16_MAX = tl.constexpr(65504.0)
-# fp16's largest exponent that leaves room: a token whose largest value has exponent E >= 15 is scaled by
-# 2^-(E - 14); at most 2^15, so that P (<= 1) times the factor stays inside fp16 (hopper_mla.cu).
-_SHIFT_BIAS = tl.constexpr(14)
-_MAX_SHIFT = tl.constexpr(15)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
 def fp8_stage_kernel(kv_ptr, rows_ptr, factors_ptr, num_tokens, BLOCK_T: tl.constexpr):
     tl.static_assert(_CKV == 4 * _GROUP, "one fp32 scale per 128 of the 512 ckv values")
     tok = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
-    valid = tok < num_tokens
-    tok = tok.to(tl.int64)  # token ids times 656 bytes overflow int32 on large caches
     c = tl.arange(0, _GROUP)
     r = tl.arange(0, _KPE)
-    sc_ptr = kv_ptr.to(tl.pointer_type(tl.float32)) + tok * _TOKEN_WORDS32 + _SCALE_WORD32
-    sc0 = tl.load(sc_ptr, mask=valid, other=0.0)
-    sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
-    sc2 = tl.load(sc_ptr + 2, mask=valid, other=0.0)
-    sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
-    kpe = tl.load(kv_ptr.to(tl.pointer_type(tl.bfloat16)) + tok[:, None] * _TOKEN_WORDS16 + _KPE_WORD16 + r[None, :],
-                  mask=valid[:, None], other=0.0).to(tl.float32)
-    # The FP8 path's bound on the token's values (hopper_mla.cu, slice_largest, token_shift).
-    largest_scale = tl.maximum(tl.maximum(tl.abs(sc0), tl.abs(sc1)), tl.maximum(tl.abs(sc2), tl.abs(sc3)))
-    largest = tl.maximum(largest_scale * _E4M3_MAX, tl.max(tl.abs(kpe), axis=1))
-    exponent = ((largest.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
-    shift = tl.where(largest >= _FP16_MAX, tl.minimum(exponent - _SHIFT_BIAS, _MAX_SHIFT), 0)
+    # The token loads and the per-token shift of the Triton kernel's FP8 path, which are hopper_mla.cu's.
+    valid, tok, e_ptr = _fp8_tokens(kv_ptr, tl.where(tok < num_tokens, tok, -1), c)
+    sc0, sc1, sc2, sc3, kpe = _fp8_scales_rope(kv_ptr, tok, valid, r)
+    kpe = kpe.to(tl.float32)
+    shift = _token_shift(sc0, sc1, sc2, sc3, kpe)
     down = ((127 - shift) << 23).to(tl.float32, bitcast=True)  # 2^-shift and 2^shift, exact
     tl.store(factors_ptr + tok, ((127 + shift) << 23).to(tl.float32, bitcast=True), mask=valid)
     row_ptr = rows_ptr + tok[:, None] * _ROW
-    e_ptr = kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + tok[:, None] * _TOKEN_BYTES + c[None, :]
     for g in tl.static_range(4):
         sc = tl.where(g == 0, sc0, tl.where(g == 1, sc1, tl.where(g == 2, sc2, sc3))) * down
         e = tl.load(e_ptr + g * _GROUP, mask=valid[:, None], other=0.0).to(tl.float32)

@@ -383,6 +383,15 @@ def _exponent(x):
 
 
 @triton.jit
+def _token_shift(sc0, sc1, sc2, sc3, kpe):
+    """Per token [N], the power of two its fp16 values are scaled down by: min(E - 14, 15) where its largest
+    dequantized value (448 x its largest scale) or rope value (kpe, fp32 [N, 64]) reaches 65504, else 0."""
+    largest = tl.maximum(tl.maximum(tl.abs(sc0), tl.abs(sc1)), tl.maximum(tl.abs(sc2), tl.abs(sc3)))
+    largest = tl.maximum(largest * _E4M3_MAX, tl.max(tl.abs(kpe), 1))
+    return tl.where(largest >= _FP16_MAX, tl.minimum(_exponent(largest) - 14, _MAX_TOKEN_SHIFT), 0)
+
+
+@triton.jit
 def _dequant_f16(e_ptr, valid, scale, dot_dtype: tl.constexpr):
     """One group of e4m3 values [N, 128] times its tokens' scales [N] (shift included), rounded once to fp16."""
     e = tl.load(e_ptr, mask=valid[:, None], other=0.0)
@@ -440,9 +449,7 @@ def _sparse_mla_fp8_f16_kernel(
         valid, tok, e_ptr = _fp8_tokens(kv_ptr, _tile_ids(ids, start, offs_n, ROW_PAD), c)
         sc0, sc1, sc2, sc3, kpe = _fp8_scales_rope(kv_ptr, tok, valid, r)
         kpe = kpe.to(tl.float32)
-        largest = tl.maximum(tl.maximum(tl.abs(sc0), tl.abs(sc1)), tl.maximum(tl.abs(sc2), tl.abs(sc3)))
-        largest = tl.maximum(largest * _E4M3_MAX, tl.max(tl.abs(kpe), 1))
-        k_shift = tl.where(largest >= _FP16_MAX, tl.minimum(_exponent(largest) - 14, _MAX_TOKEN_SHIFT), 0)
+        k_shift = _token_shift(sc0, sc1, sc2, sc3, kpe)
         k_down = tl.exp2(-k_shift.to(tl.float32))
         k_up = tl.exp2(k_shift.to(tl.float32))
         # Each group dequantized next to its dot, so that one group's fp32 values are live at a time.
