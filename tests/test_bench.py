@@ -580,6 +580,7 @@ def _in_a_fresh_process(code: str) -> None:
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone
 def test_copy_self_check_lands_within_10_percent(tmp_path):
     _in_a_fresh_process(f"""
         import json
@@ -602,6 +603,7 @@ def test_copy_self_check_lands_within_10_percent(tmp_path):
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone
 def test_every_available_method_agrees_on_a_copy():
     _in_a_fresh_process("""
         import statistics
@@ -626,6 +628,7 @@ def test_every_available_method_agrees_on_a_copy():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone
 def test_every_available_method_times_a_triton_kernel():
     # Triton launches its kernels through the driver API: every method must still see their device time.
     _in_a_fresh_process("""
@@ -652,6 +655,7 @@ def test_every_available_method_times_a_triton_kernel():
 
 
 @pytest.mark.gpu
+@pytest.mark.gpu_alone
 def test_one_contest_workload_per_definition_end_to_end():
     ws = [next(w for w in workloads.suite("contest") if w.definition == d) for d in CONTEST]
     result = runner.bench(ws, Settings(warmup=2, iters=5, trials=2), "pytest")
