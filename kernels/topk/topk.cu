@@ -164,17 +164,8 @@ int launch(const Params& p, int dtype, int rows, cudaStream_t stream) {
   q.page_cache = min(ceil_div(ceil_div(chunk, kPageSize) + 1, 4) * 4, kMaxPageCache);
   const int smem_bytes = kHistBytes + kReducedBytes + q.page_cache * 4 + q.region_bytes;
 
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(static_cast<unsigned>(rows * cluster_size));
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
-  config.stream = stream;
-  cudaLaunchAttribute attr[1];
-  attr[0].id = cudaLaunchAttributeClusterDimension;
-  attr[0].val.clusterDim = {static_cast<unsigned>(cluster_size), 1, 1};
-  config.attrs = attr;
-  config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, topk_page_transform_kernel<S>, q);
+  return launch_clusters(topk_page_transform_kernel<S>, q, rows * cluster_size, kThreads, cluster_size, smem_bytes,
+                         stream);
 }
 
 int check_args(int dtype, int rows, int max_len) {

@@ -88,6 +88,24 @@ struct Params {
   int page_cache;    // cluster kernel: block-table entries staged in shared memory
 };
 
+// Launches kernel(p) on `blocks` CTAs of `threads` threads in thread-block clusters of `cluster_size`, with
+// `smem_bytes` of dynamic shared memory, on `stream`.
+template <class P>
+cudaError_t launch_clusters(void (*kernel)(P), const P& p, int blocks, int threads, int cluster_size, int smem_bytes,
+                            cudaStream_t stream) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(static_cast<unsigned>(blocks));
+  config.blockDim = dim3(static_cast<unsigned>(threads));
+  config.dynamicSmemBytes = static_cast<size_t>(smem_bytes);
+  config.stream = stream;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim = {static_cast<unsigned>(cluster_size), 1, 1};
+  config.attrs = attr;
+  config.numAttrs = 1;
+  return cudaLaunchKernelEx(&config, kernel, p);
+}
+
 // Valid positions of a row: lengths are clamped so that a malformed one never reads outside the
 // buffers (the operator's contract requires them in range).
 __device__ __forceinline__ int clamped_length(const Params& p, int raw) {

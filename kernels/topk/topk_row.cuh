@@ -81,73 +81,20 @@ __device__ __forceinline__ void row_find_threshold(int* h, int k_rem, RowScratch
   __syncthreads();
 }
 
+// Selects and writes row `out`'s top p.topk keys, held kPerThread a thread in registers at the row
+// kernel's positions (vector u of thread t: positions (u * kRowThreads + t) * S::kVec onward); keys at or
+// past the row's length are kInvalidKey. page[u] is the block-table entry of vector u's page (read only
+// where a key of it is selected). hist (2 * kBins counters) must be zero and visible to every thread.
 template <class S, int kPerThread>
-__global__ void __launch_bounds__(kRowThreads, 1) topk_row_kernel(const Params p) {
+__device__ __forceinline__ void row_select_emit(const Params& p, const uint32_t (&key)[kPerThread],
+                                                const int (&page)[kPerThread / S::kVec], int* out, int* hist,
+                                                RowScratch& s) {
   using L = Levels<S>;
-  using Raw = typename S::Raw;
   constexpr int kVec = S::kVec;
   constexpr int kVecs = kPerThread / kVec;
-  static_assert(kPerThread % kVec == 0 && kPageSize % kVec == 0, "a vector lies in one page");
-  __shared__ __align__(16) int hist[2 * kBins];  // level l counts into hist + (l & 1) * kBins
-  __shared__ RowScratch s;
-
   const int t = threadIdx.x;
-  const int row = blockIdx.x;
   const int k = p.topk;
-  const Raw* scores = static_cast<const Raw*>(p.scores) + row * p.scores_stride;
-  int* out = p.out + row * p.out_stride;
-  // Vector u of this thread holds positions pos(u) .. pos(u) + kVec - 1.
   auto pos = [&](int u) { return (u * kRowThreads + t) * kVec; };
-
-  if (t == 0) prefetch_l2(out);
-  const int raw_length = __ldg(p.lengths + row);
-  const int batch = p.row_to_batch != nullptr ? __ldg(p.row_to_batch + row) : row;
-  uint4 raw[kVecs];
-  const bool aligned = (reinterpret_cast<uintptr_t>(scores) & 15u) == 0u;
-#pragma unroll
-  for (int u = 0; u < kVecs; ++u) {
-    if (aligned && pos(u) + kVec <= p.max_len) {
-      raw[u] = load_early_v4(scores + pos(u));
-    } else {
-      raw[u] = make_uint4(0u, 0u, 0u, 0u);
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) {
-        if (pos(u) + j < p.max_len) S::set_lane(raw[u], j, scores[pos(u) + j]);
-      }
-    }
-  }
-#pragma unroll
-  for (int i = t; i < 2 * kBins / 4; i += kRowThreads) reinterpret_cast<int4*>(hist)[i] = make_int4(0, 0, 0, 0);
-
-  const int length = clamped_length(p, raw_length);
-  if (!batch_in_table(p, batch)) {
-    mask_row(p, out, length, t, k, kRowThreads, true);
-    return;  // uniform over the CTA
-  }
-  const int* table = p.block_table + batch * p.block_table_stride;
-  if (length <= k) {  // every valid position is selected: structural mapping, no histogram
-    for (int i = t; i < k; i += kRowThreads) {
-      const int id = i < length ? physical_id(p, table[i / kPageSize], i % kPageSize) : -1;
-      out[i] = id;
-      // Counted per id, on the bad path: a per-thread sum then one atomic costs the row kernel 9 registers.
-      if (i < length && id < 0) atomicAdd(p.bad_count, 1);
-    }
-    return;  // uniform over the CTA: no thread waits on a barrier
-  }
-  int page[kVecs];
-#pragma unroll
-  for (int u = 0; u < kVecs; ++u) page[u] = pos(u) < length ? load_early_s32(table + pos(u) / kPageSize) : 0;
-
-  uint32_t key[kPerThread];
-#pragma unroll
-  for (int u = 0; u < kVecs; ++u) {
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) {
-      const uint32_t valid = pos(u) + j < length ? ~0u : 0u;  // a mask, so no branch skips the key's math
-      key[u * kVec + j] = S::key(S::lane(raw[u], j)) & valid;
-    }
-  }
-  __syncthreads();  // cleared histograms
 
   // The threshold prefix: active keys satisfy (key & mask) == value.
   uint32_t mask = 0, value = 0;
@@ -217,6 +164,76 @@ __global__ void __launch_bounds__(kRowThreads, 1) topk_row_kernel(const Params p
     }
   }
   count_masked(p, masked_ids);
+}
+
+template <class S, int kPerThread>
+__global__ void __launch_bounds__(kRowThreads, 1) topk_row_kernel(const Params p) {
+  using Raw = typename S::Raw;
+  constexpr int kVec = S::kVec;
+  constexpr int kVecs = kPerThread / kVec;
+  static_assert(kPerThread % kVec == 0 && kPageSize % kVec == 0, "a vector lies in one page");
+  __shared__ __align__(16) int hist[2 * kBins];  // level l counts into hist + (l & 1) * kBins
+  __shared__ RowScratch s;
+
+  const int t = threadIdx.x;
+  const int row = blockIdx.x;
+  const int k = p.topk;
+  const Raw* scores = static_cast<const Raw*>(p.scores) + row * p.scores_stride;
+  int* out = p.out + row * p.out_stride;
+  // Vector u of this thread holds positions pos(u) .. pos(u) + kVec - 1.
+  auto pos = [&](int u) { return (u * kRowThreads + t) * kVec; };
+
+  if (t == 0) prefetch_l2(out);
+  const int raw_length = __ldg(p.lengths + row);
+  const int batch = p.row_to_batch != nullptr ? __ldg(p.row_to_batch + row) : row;
+  uint4 raw[kVecs];
+  const bool aligned = (reinterpret_cast<uintptr_t>(scores) & 15u) == 0u;
+#pragma unroll
+  for (int u = 0; u < kVecs; ++u) {
+    if (aligned && pos(u) + kVec <= p.max_len) {
+      raw[u] = load_early_v4(scores + pos(u));
+    } else {
+      raw[u] = make_uint4(0u, 0u, 0u, 0u);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) {
+        if (pos(u) + j < p.max_len) S::set_lane(raw[u], j, scores[pos(u) + j]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = t; i < 2 * kBins / 4; i += kRowThreads) reinterpret_cast<int4*>(hist)[i] = make_int4(0, 0, 0, 0);
+
+  const int length = clamped_length(p, raw_length);
+  if (!batch_in_table(p, batch)) {
+    mask_row(p, out, length, t, k, kRowThreads, true);
+    return;  // uniform over the CTA
+  }
+  const int* table = p.block_table + batch * p.block_table_stride;
+  if (length <= k) {  // every valid position is selected: structural mapping, no histogram
+    for (int i = t; i < k; i += kRowThreads) {
+      const int id = i < length ? physical_id(p, table[i / kPageSize], i % kPageSize) : -1;
+      out[i] = id;
+      // Counted per id, on the bad path: a per-thread sum then one atomic costs the row kernel 9 registers.
+      if (i < length && id < 0) atomicAdd(p.bad_count, 1);
+    }
+    return;  // uniform over the CTA: no thread waits on a barrier
+  }
+  int page[kVecs];
+#pragma unroll
+  for (int u = 0; u < kVecs; ++u) page[u] = pos(u) < length ? load_early_s32(table + pos(u) / kPageSize) : 0;
+
+  uint32_t key[kPerThread];
+#pragma unroll
+  for (int u = 0; u < kVecs; ++u) {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const uint32_t valid = pos(u) + j < length ? ~0u : 0u;  // a mask, so no branch skips the key's math
+      key[u * kVec + j] = S::key(S::lane(raw[u], j)) & valid;
+    }
+  }
+  __syncthreads();  // cleared histograms
+
+  row_select_emit<S, kPerThread>(p, key, page, out, hist, s);
 }
 
 }  // namespace topk
