@@ -126,6 +126,11 @@ SOLUTIONS: list[Solution] = [
              "dsactl.kernels.indexer.solution:dsa_topk_indexer",
              "FP8 paged scoring in Triton (wgmma, fp32 scores) + the exact CUDA top-k with page "
              "translation; structural passthrough when every row fits in top-k", cuda_libs=("topk",)),
+    Solution("dsactl-indexer-fused", ("dsa_topk_indexer_fp8_*",), "cuda",
+             "dsactl.kernels.indexer.solution:dsa_topk_indexer_fused",
+             "scoring and top-k in one CUDA kernel for block tables up to 128 pages (a cluster per row: "
+             "wgmma e4m3 on sm_90a, the select on its first CTA; no scores in memory), dsactl-indexer's "
+             "kernels past that", cuda_libs=("topk", "indexer_topk")),
     Solution("torch-indexer", ("dsa_topk_indexer_fp8_*",), "python",
              "dsactl.kernels.indexer.torch_baseline:dsa_topk_indexer_torch",
              "vectorized PyTorch: gather pages, einsum, torch.topk", needs_gpu=False, baseline=True),

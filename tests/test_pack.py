@@ -29,6 +29,15 @@ TINY_WORKLOAD = "edge-topk-len65"  # three rows of at most 65 scores: the float3
 KERNELS = Path(cuda_library.__file__).resolve().parent
 TOPK_CUDA = ["kernels/topk/topk.cu", "kernels/topk/topk_cluster.cuh", "kernels/topk/topk_common.cuh",
              "kernels/topk/topk_row.cuh"]
+# Both indexer solutions run solution.py, which holds the fused entry beside the default one: both CUDA
+# libraries of kernels/topk, each source once, their folder's headers with the first.
+INDEXER_FILES = [
+    "kernels/__init__.py", "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py",
+    "kernels/fp8.py", "kernels/indexer/fused.py", "kernels/indexer/passthrough.py", "kernels/indexer/score.py",
+    "kernels/indexer/shapes.py", "kernels/indexer/solution.py", "kernels/launch_math.py", "kernels/topk/launcher.py",
+    "kernels/triton_options.py", "kernels/tuned.py", "kernels/indexer/tuned/score.json",
+    "kernels/topk/indexer_topk.cu", "kernels/topk/topk_cluster.cuh", "kernels/topk/topk_common.cuh",
+    "kernels/topk/topk_row.cuh", "kernels/topk/topk.cu"]
 HOPPER_CUDA = ["kernels/attention/hopper_mla.cu", "kernels/attention/hopper_mla_ptx.cuh"]
 # A CUDA source builds with every header of its folder (cuda_library), so the small-head kernel carries
 # the Hopper kernel's PTX header too.
@@ -39,11 +48,8 @@ ATTENTION_TABLE = "kernels/attention/tuned/triton_sparse_mla.json"
 HOPPER_TABLE = "kernels/attention/tuned/hopper_mla.json"
 MMA_TABLE = "kernels/attention/tuned/mma_mla.json"
 EXPECTED_FILES = {
-    ("dsactl-indexer", "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"): [
-        "kernels/__init__.py", "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py",
-        "kernels/fp8.py", "kernels/indexer/passthrough.py", "kernels/indexer/score.py", "kernels/indexer/shapes.py",
-        "kernels/indexer/solution.py", "kernels/launch_math.py", "kernels/topk/launcher.py",
-        "kernels/triton_options.py", "kernels/tuned.py", "kernels/indexer/tuned/score.json", *TOPK_CUDA],
+    ("dsactl-indexer", "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"): INDEXER_FILES,
+    ("dsactl-indexer-fused", "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"): INDEXER_FILES,
     ("dsactl-topk", TOPK): [
         "kernels/__init__.py", "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py",
         "kernels/fp8.py", "kernels/topk/launcher.py", *TOPK_CUDA],

@@ -318,9 +318,12 @@ def query_shape(q: torch.Tensor) -> tuple[int, int, int]:
     raise KernelInputError(f"indexer q must be [B, H, 128] or [B, next_n, H, 128], got {list(q.shape)}")
 
 
-def _check(q, cache, weights, seq_lens, block_table, scores, lengths) -> tuple[int, int, int]:
+def check_inputs(q, cache, weights, seq_lens, block_table, **outputs) -> tuple[int, int, int]:
+    """Checks the inputs against the contract above and that every one of `outputs` (name=tensor) is a tensor
+    on the inputs' device; a one-line KernelInputError names the first bad argument. Returns (batch, next_n,
+    heads)."""
     named = (("q", q), ("k cache", cache), ("weights", weights), ("seq_lens", seq_lens), ("block_table", block_table),
-             ("scores", scores), ("lengths", lengths))
+             *outputs.items())
     for name, t in named:
         if not isinstance(t, torch.Tensor):
             raise KernelInputError(f"indexer {name} must be a tensor, got {type(t).__name__}")
@@ -345,6 +348,14 @@ def _check(q, cache, weights, seq_lens, block_table, scores, lengths) -> tuple[i
             or block_table.stride(1) != 1:
         raise KernelInputError(f"block_table must be int32 [{batch}, max_num_pages] with unit column stride, "
                           f"got {block_table.dtype} {list(block_table.shape)}")
+    devices = {t.device for _, t in named}
+    if len(devices) != 1:
+        raise KernelInputError(f"indexer tensors must share one device, got {sorted(map(str, devices))}")
+    return batch, next_n, heads
+
+
+def _check(q, cache, weights, seq_lens, block_table, scores, lengths) -> tuple[int, int, int]:
+    batch, next_n, heads = check_inputs(q, cache, weights, seq_lens, block_table, scores=scores, lengths=lengths)
     max_len = block_table.shape[1] * PAGE_SIZE
     if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[0] != batch * next_n \
             or scores.shape[1] < max_len or scores.stride(1) != 1:
@@ -352,9 +363,6 @@ def _check(q, cache, weights, seq_lens, block_table, scores, lengths) -> tuple[i
                           f"got {scores.dtype} {list(scores.shape)}")
     if lengths.dtype != torch.int32 or lengths.shape != (batch * next_n,):
         raise KernelInputError(f"lengths must be int32 [{batch * next_n}], got {lengths.dtype} {list(lengths.shape)}")
-    devices = {t.device for t in (q, cache, weights, seq_lens, block_table, scores, lengths)}
-    if len(devices) != 1:
-        raise KernelInputError(f"indexer tensors must share one device, got {sorted(map(str, devices))}")
     return batch, next_n, heads
 
 

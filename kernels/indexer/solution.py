@@ -8,6 +8,10 @@ padded, any order) and returns nothing.
 Two launches at most, no host sync:
 - every row fits in topk (max_num_pages * 64 <= topk, known from shapes on the host): the
   structural mapping alone (passthrough.py), no key is read;
+- dsa_topk_indexer_fused only, block tables of up to 128 pages on a GPU that runs it: the fused
+  kernel (fused.py), which scores and selects each row in one launch. It is exact and deterministic
+  but measured no faster than the two kernels (a tie on the contest suite, slower from 32 rows), so
+  the default entry does not take it;
 - otherwise the scoring kernel (score.py) writes fp32 scores and each row's visible length
   into scratch allocated per call, skipping requests whose rows all fit in topk, and the exact CUDA
   top-k (kernels/topk, CUDA library `topk`) selects and translates per
@@ -24,6 +28,7 @@ from ..errors import KernelInputError
 from ..fp8 import PAGE_SIZE
 from ..launch_math import next_power_of_2
 from ..topk.launcher import topk_page_transform
+from . import fused
 from .passthrough import passthrough
 from .score import query_shape, score
 
@@ -43,6 +48,17 @@ def _row_to_batch(device: torch.device, rows: int, next_n: int) -> torch.Tensor:
 
 def dsa_topk_indexer(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor, weights: torch.Tensor,
                      seq_lens: torch.Tensor, block_table: torch.Tensor, topk_indices: torch.Tensor) -> None:
+    _indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices, fuse=False)
+
+
+def dsa_topk_indexer_fused(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor, weights: torch.Tensor,
+                           seq_lens: torch.Tensor, block_table: torch.Tensor, topk_indices: torch.Tensor) -> None:
+    """As dsa_topk_indexer, taking the fused kernel for every call it serves (fused.serves)."""
+    _indexer(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, topk_indices, fuse=True)
+
+
+def _indexer(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor, weights: torch.Tensor,
+             seq_lens: torch.Tensor, block_table: torch.Tensor, topk_indices: torch.Tensor, fuse: bool) -> None:
     batch, next_n, _ = query_shape(q_index_fp8)
     topk = topk_indices.shape[-1]
     if topk_indices.dtype != torch.int32 or topk_indices.numel() != batch * next_n * topk \
@@ -53,6 +69,9 @@ def dsa_topk_indexer(q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor,
     max_len = block_table.shape[1] * PAGE_SIZE
     if max_len <= topk:
         passthrough(seq_lens, block_table, out, next_n, k_index_cache_fp8.shape[0])
+        return
+    if fuse and fused.serves(q_index_fp8, block_table, topk):
+        fused.indexer_topk(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, out)
         return
     # Scratch per call from the caching allocator: stream-ordered, and a CUDA graph owns what it captured.
     rows, device = batch * next_n, q_index_fp8.device
