@@ -287,11 +287,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) indexer_topk_kernel(const Fu
   if (length <= p.topk) {  // every visible position is selected: structural mapping, no key read
     const int per_rank = ceil_div(p.topk, cluster_size);
     const int stop = min(p.topk, (rank + 1) * per_rank);
-    for (int i = rank * per_rank + t; i < stop; i += kFusedThreads) {
-      const int id = i < length ? physical_id(tp, __ldg(table + i / kPageSize), i % kPageSize) : -1;
-      out[i] = id;
-      if (i < length && id < 0) atomicAdd(p.bad_ids, 1);
-    }
+    map_structurally(tp, table, out, length, rank * per_rank + t, stop, kFusedThreads);
     return;  // uniform over the cluster: no CTA waits on a cluster barrier
   }
   cluster_arrive_relaxed();  // the first remote store waits until every CTA of the cluster runs

@@ -329,12 +329,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
   const int* table = p.block_table + batch * p.block_table_stride;
 
   if (length <= k) {  // every valid position is selected: structural mapping, no histogram
-    for (int i = rank * per_rank + static_cast<int>(threadIdx.x); i < stop; i += kThreads) {
-      const int id = i < length ? physical_id(p, table[i / kPageSize], i % kPageSize) : -1;
-      out[i] = id;
-      // Counted per id on the bad path, as the row kernel does (topk_row.cuh says why).
-      if (i < length && id < 0) atomicAdd(p.bad_count, 1);
-    }
+    map_structurally(p, table, out, length, rank * per_rank + static_cast<int>(threadIdx.x), stop, kThreads);
     return;  // uniform over the cluster (one cluster per row): no CTA waits on a barrier
   }
 

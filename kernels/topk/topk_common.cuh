@@ -132,6 +132,18 @@ __device__ __forceinline__ void count_masked(const Params& p, int masked) {
   if (masked > 0) atomicAdd(p.bad_count, masked);
 }
 
+// A row whose valid positions all fit in topk (the structural mapping): out[i] for i in [begin, stop), every
+// stride-th, is the physical id of position i below `length` and -1 past it. Each -1 in place of a due id is
+// counted per id, on the bad path: a per-thread sum then one atomic costs the row kernel 9 registers.
+__device__ __forceinline__ void map_structurally(const Params& p, const int* table, int* out, int length, int begin,
+                                                 int stop, int stride) {
+  for (int i = begin; i < stop; i += stride) {
+    const int id = i < length ? physical_id(p, table[i / kPageSize], i % kPageSize) : -1;
+    out[i] = id;
+    if (i < length && id < 0) atomicAdd(p.bad_count, 1);
+  }
+}
+
 // A row whose row_to_batch value is outside the block table: every slot -1, its min(length, k)
 // due ids counted once by thread 0 of the row's first CTA (first_cta). The block table is not read.
 __device__ __forceinline__ void mask_row(const Params& p, int* out, int length, int begin, int stop, int stride,

@@ -210,12 +210,7 @@ __global__ void __launch_bounds__(kRowThreads, 1) topk_row_kernel(const Params p
   }
   const int* table = p.block_table + batch * p.block_table_stride;
   if (length <= k) {  // every valid position is selected: structural mapping, no histogram
-    for (int i = t; i < k; i += kRowThreads) {
-      const int id = i < length ? physical_id(p, table[i / kPageSize], i % kPageSize) : -1;
-      out[i] = id;
-      // Counted per id, on the bad path: a per-thread sum then one atomic costs the row kernel 9 registers.
-      if (i < length && id < 0) atomicAdd(p.bad_count, 1);
-    }
+    map_structurally(p, table, out, length, t, k, kRowThreads);
     return;  // uniform over the CTA: no thread waits on a barrier
   }
   int page[kVecs];
