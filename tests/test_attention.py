@@ -184,14 +184,13 @@ def test_interpreted_fp16_tiles_keep_values_past_the_fp16_range(scaled):
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
 @pytest.mark.parametrize("splits", [2, 4, 8, 16, 32])
-def test_interpreted_combine_merges_bf16_partials(splits):
-    """The Hopper kernel's bf16 partials through the combine, each split count with its own launch
-    (combine_config): the exact merge of the bf16 values, a row empty in every split and one split
-    of a row empty."""
+def test_interpreted_combine_merges_partials(splits):
+    """Partials through the combine, each split count with its own launch (combine_config): the exact
+    merge, a row empty in every split and one split of a row empty."""
     num_tokens, heads = 2, 64
     gen = torch.Generator().manual_seed(splits)
-    acc, m, l = tsm.split_partials(torch.device("cpu"), num_tokens, splits, heads, torch.bfloat16)
-    acc.copy_(torch.randn(acc.shape, generator=gen).to(torch.bfloat16))
+    acc, m, l = tsm.split_partials(torch.device("cpu"), num_tokens, splits, heads)
+    acc.copy_(torch.randn(acc.shape, generator=gen))
     m.copy_(torch.randn(m.shape, generator=gen) * 4)
     l.copy_(torch.rand(l.shape, generator=gen) * 8 + 0.5)
     m.view(num_tokens, splits, heads)[0, :, 3] = float("-inf")
@@ -215,19 +214,14 @@ def test_interpreted_combine_merges_bf16_partials(splits):
     assert bool((output[0, 3] == 0).all()) and lse[0, 3] == float("-inf")
 
 
-def test_combine_launch_follows_the_partials_dtype():
-    """fp32 partials keep one launch shape; bf16 ones of 16 or more splits take 2 warps, and every
-    launch tiles the row and stays inside the combine tile."""
+def test_combine_launch_tiles_the_row_inside_the_combine_tile():
     for splits in range(2, tsm.MAX_SPLITS + 1):
         for heads in tsm.HEADS:
-            fp32 = tsm.combine_config(splits, heads)
-            assert (fp32.block_d, fp32.num_warps) == (tsm.COMBINE_BLOCK_D, tsm.COMBINE_WARPS)
-            for cfg in (fp32, tsm.combine_config(splits, heads, True)):
-                assert cfg.splits_pad >= splits and heads % cfg.block_hc == 0
-                assert tsm.MLA_CKV_DIM % cfg.block_d == 0
-                assert cfg.splits_pad * cfg.block_hc * cfg.block_d <= tsm.COMBINE_TILE
-    bf16 = {s: tsm.combine_config(s, 64, True) for s in (2, 4, 8, 16, 32)}
-    assert [c.num_warps for c in bf16.values()] == [4, 4, 4, 2, 2] and {c.block_d for c in bf16.values()} == {64}
+            cfg = tsm.combine_config(splits, heads)
+            assert (cfg.block_d, cfg.num_warps) == (tsm.COMBINE_BLOCK_D, tsm.COMBINE_WARPS)
+            assert cfg.splits_pad >= splits and heads % cfg.block_hc == 0
+            assert tsm.MLA_CKV_DIM % cfg.block_d == 0
+            assert cfg.splits_pad * cfg.block_hc * cfg.block_d <= tsm.COMBINE_TILE
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
@@ -430,17 +424,24 @@ def _gpu_solution(definition: str):
 IMPLEMENTATIONS = {"entry": _gpu_solution, "triton": lambda definition: _launcher_kwargs(definition, None)}
 
 
+SUITES = ("contest", "edge", "scale", "prefill")
+# One test a workload, so that pytest -n spreads each suite over its workers.
+SUITE_WORKLOADS = {name: [w for w in suite(name) if w.definition.startswith("dsa_sparse_attention")]
+                   for name in SUITES}
+
+
+def test_every_suite_has_attention_workloads():
+    assert all(SUITE_WORKLOADS.values())
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("impl", IMPLEMENTATIONS)
-@pytest.mark.parametrize("suite_name", ["contest", "edge", "scale", "prefill"])
-def test_gpu_suites_match_reference(suite_name, impl):
-    workloads = [w for w in suite(suite_name) if w.definition.startswith("dsa_sparse_attention")]
-    assert workloads
-    for w in workloads:
-        inputs = make_inputs(w, "cuda", seed=1)
-        outputs = _run(IMPLEMENTATIONS[impl](w.definition), w.definition, inputs)
-        verdict = check(get(w.definition), inputs, outputs)
-        assert verdict.passed, f"{w.uuid}: " + "\n".join(verdict.problems)
+@pytest.mark.parametrize("workload", [pytest.param(w, id=w.uuid) for ws in SUITE_WORKLOADS.values() for w in ws])
+def test_gpu_suites_match_reference(workload, impl):
+    inputs = make_inputs(workload, "cuda", seed=1)
+    outputs = _run(IMPLEMENTATIONS[impl](workload.definition), workload.definition, inputs)
+    verdict = check(get(workload.definition), inputs, outputs)
+    assert verdict.passed, "\n".join(verdict.problems)
 
 
 @pytest.mark.gpu

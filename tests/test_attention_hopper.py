@@ -108,11 +108,11 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     fake = 1 << 20  # an aligned address that is never dereferenced: every call below fails its checks first
 
     def call(heads=64, topk=2048, splits=1, num_tokens=1, q_stride=576, kv_a=fake, parts=(fake, fake, fake),
-             in_cluster=0, bf16_partials=0, cache_tokens=4096, bad_count=fake, scale_log2=1.0,
+             in_cluster=0, stage_partials=0, cache_tokens=4096, bad_count=fake, scale_log2=1.0,
              kv_format=hopper_mla.KV_BF16, kv_b=fake, kv_a_stride=512):
         return lib.dsa_hopper_mla_decode(fake, q_stride * heads, q_stride, fake, q_stride * heads, q_stride,
                                          kv_format, kv_a, kv_a_stride, kv_b, 64, fake, topk, num_tokens, heads, topk,
-                                         splits, in_cluster, bf16_partials, scale_log2, 1.0, fake, 512 * heads, 512,
+                                         splits, in_cluster, stage_partials, scale_log2, 1.0, fake, 512 * heads, 512,
                                          fake, heads, 1, *parts, cache_tokens, bad_count, None)
 
     bad_shape, bad_alignment, null, bad_cluster, partials_unused, bad_scale = -1, -2, -3, -5, -7, -8
@@ -139,10 +139,10 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     for splits in (1, 3, 4, 16, 64):
         assert call(splits=splits, in_cluster=1) == bad_cluster
     assert call(splits=2, in_cluster=1, parts=(None, None, None), q_stride=580) == bad_alignment
-    # bf16 partials only where partials are written.
-    assert call(splits=1, bf16_partials=1) == partials_unused
-    assert call(splits=2, in_cluster=1, parts=(None, None, None), bf16_partials=1) == partials_unused
-    assert call(splits=2, bf16_partials=1, q_stride=580) == bad_alignment  # past that check, to the next
+    # Staged partials only where partials are written.
+    assert call(splits=1, stage_partials=1) == partials_unused
+    assert call(splits=2, in_cluster=1, parts=(None, None, None), stage_partials=1) == partials_unused
+    assert call(splits=2, stage_partials=1, q_stride=580) == bad_alignment  # past that check, to the next
     # The kernel scales raw maxima: a positive logit scale only (the launcher maps sm_scale <= 0 onto one).
     for scale_log2 in (0.0, -0.0, -1.0, float("nan")):
         assert call(scale_log2=scale_log2) == bad_scale
@@ -308,17 +308,20 @@ def _emulate_split_partials(inputs: dict, mma_dtype: torch.dtype, splits: int, p
 
 
 @pytest.mark.parametrize("suffix", ["_fp8kv", "_fp8kv_lsee"])
-@pytest.mark.parametrize("splits", [4, 16])
-def test_model_bf16_partials_keep_the_contest_tolerance(suffix, splits):
-    """Why the kernel may store its split partials in bf16: its numerics with bf16 partials pass the
-    contest tolerance on the rows that show the FP8 path's rounding (1 to 3 valid tokens beside full
-    rows)."""
-    definition = definition_name(128, 2048, suffix)
-    inputs = case_inputs(definition, 8, 256, "cpu", seed=splits, pattern="scattered",
-                     valid=(2048, 1, 2, 3, 700, 0, 64, 1500))
-    got = _emulate_split_partials(inputs, torch.float16, splits, torch.bfloat16, suffix.endswith("_lsee"))
+@pytest.mark.parametrize("splits", [2, 3, 5, 16])
+def test_model_partials_keep_the_tolerance_where_splits_cancel(suffix, splits):
+    """Why the kernel's split partials are fp32: on rows of 2 or 3 valid tokens each split holds one
+    token, and splits of opposite sign cancel in the merge. The kernel's numerics with fp32 partials
+    pass the contest tolerance there; rounded to bf16 (2^-9 of a partial's own magnitude) they do not."""
+    definition = definition_name(128, 128, suffix)
+    inputs = case_inputs(definition, 32, 16, "cpu", seed=3, pattern="tail", valid=(3, 2) * 16)
+    lse_base_e = suffix.endswith("_lsee")
+    got = _emulate_split_partials(inputs, torch.float16, splits, torch.float32, lse_base_e)
     verdict = check(get(definition), inputs, got)
     assert verdict.passed, verdict.problems
+    if splits == 3:
+        rounded = _emulate_split_partials(inputs, torch.float16, splits, torch.bfloat16, lse_base_e)
+        assert not check(get(definition), inputs, rounded).passed
 
 
 UP = 2.0**17  # scales q and the FP8 tokens past fp16's 65504
@@ -503,15 +506,16 @@ def test_gpu_cluster_merge_of_short_splits(topk, suffix):
     assert_matches_reference(definition, inputs, outputs)
 
 
-def test_partials_are_bf16_on_grids_over_half_the_sms():
-    """The H200's 132 SMs: 66 CTAs keep fp32 partials, 67 write bf16; at the decode shapes the split
-    formula gives, T=1 (32 splits, 32-64 CTAs) keeps fp32 and h64 T=8, h128 T=4 (128 CTAs) go bf16."""
+def test_partials_are_staged_on_grids_over_half_the_sms():
+    """The H200's 132 SMs: 66 CTAs store their partials from the accumulators, 67 through shared memory;
+    at the decode shapes the split formula gives, T=1 (32 splits, 32-64 CTAs) stores directly and h64
+    T=8, h128 T=4 (128 CTAs) stage."""
     sms = 132
-    assert not hopper_mla.bf16_partials_for(33, 64, 2, sms) and hopper_mla.bf16_partials_for(67, 64, 1, sms)
-    assert not hopper_mla.bf16_partials_for(1, 128, 33, sms) and hopper_mla.bf16_partials_for(1, 128, 34, sms)
-    for tokens, heads, bf16 in ((1, 64, False), (1, 128, False), (2, 128, False), (8, 64, True), (4, 128, True)):
+    assert not hopper_mla.stages_partials(33, 64, 2, sms) and hopper_mla.stages_partials(67, 64, 1, sms)
+    assert not hopper_mla.stages_partials(1, 128, 33, sms) and hopper_mla.stages_partials(1, 128, 34, sms)
+    for tokens, heads, staged in ((1, 64, False), (1, 128, False), (2, 128, False), (8, 64, True), (4, 128, True)):
         splits = hopper_mla.num_splits_for(tokens, heads, 2048, sms)
-        assert hopper_mla.bf16_partials_for(tokens, heads, splits, sms) == bf16, (tokens, heads, splits)
+        assert hopper_mla.stages_partials(tokens, heads, splits, sms) == staged, (tokens, heads, splits)
 
 
 def test_two_splits_merge_in_a_cluster_unless_fp8_head_groups_share_their_gather():

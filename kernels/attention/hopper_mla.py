@@ -19,8 +19,8 @@ refused with the reason (the Triton kernel takes it).
 
 Splits: split s of S takes the row positions s, s + S, ... exactly as the Triton kernel. The partials
 are merged one of two ways: written in the Triton launcher's partial layout (triton_sparse_mla.
-split_partials; on grids over half the SMs with the unnormalized output in bf16, bf16_partials_for)
-that the Triton combine() reduces, or, with exactly CLUSTER_SPLITS (2) splits, inside the kernel:
+split_partials, fp32; on grids over half the SMs staged through shared memory, stages_partials) that
+the Triton combine() reduces, or, with exactly CLUSTER_SPLITS (2) splits, inside the kernel:
 the two splits of one (token, head group) form a thread-block cluster and merge through distributed
 shared memory (no partials in global memory, no combine launch). merges_in_cluster() says when.
 
@@ -152,17 +152,14 @@ def groups(heads: int) -> int:
     return -(-heads // HEADS_PER_CTA)
 
 
-def bf16_partials_for(num_tokens: int, heads: int, splits: int, num_sms: int) -> bool:
-    """Whether the kernel writes its split partials in bf16 (the kernel's bf16_partials): on grids of
-    more CTAs than half the SMs, where the partials' stores and the combine's reads weigh most. There
-    they leave through shared memory, 16 contiguous bytes a thread (fp32 partials so, 128
-    CTAs, h128 T=4 bf16 17.61 against 18.30 us stored from the accumulators), and bf16 halves the
-    traffic (fp32 against bf16, both staged: h128 T=8 bf16 21.86 -> 18.67 us, h64 T=16
-    25.55 -> 20.19, FP8 h128 T=8 27.02 -> 24.02). On smaller grids the round trip through shared
-    memory costs more than it saves (64 CTAs, h64 T=2 bf16 13.57 staged against 12.90 direct;
-    bf16 staged there: h64 T=1 11.23 -> 12.00), so fp32 partials leave straight from the
-    accumulators. bf16 rounding of the partial keeps the contest tolerance
-    (test_bf16_partials_keep_the_contest_tolerance)."""
+def stages_partials(num_tokens: int, heads: int, splits: int, num_sms: int) -> bool:
+    """Whether the kernel's fp32 split partials leave through shared memory (the kernel's
+    stage_partials): on grids of more CTAs than half the SMs, where their stores weigh most. There a
+    thread stores 16 contiguous bytes instead of a quad's fraction of a sector in each of 8 rows (H200,
+    128 CTAs, h128 T=4 bf16: 17.61 us staged against 18.30 from the accumulators); on smaller grids the
+    round trip through shared memory costs more than it saves (64 CTAs, h64 T=2 bf16: 13.57 against
+    12.90). Partials stay fp32 whatever the grid: rounded to bf16, splits that cancel in the merge carry
+    the rounding past the tolerance (test_model_partials_keep_the_tolerance_where_splits_cancel)."""
     return 2 * groups(heads) * splits * num_tokens > num_sms
 
 
@@ -190,7 +187,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         i32,  # KV format: KV_BF16, KV_FP8 or KV_STAGED
         p, i64, p, i64,  # kv_a + row stride, kv_b + row stride
         p, i64,  # indices, row stride
-        i32, i32, i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits, reduce_in_cluster, bf16_partials
+        i32, i32, i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits, reduce_in_cluster, stage_partials
         f32, f32,  # sm_scale * log2(e), lse scale
         p, i64, i64,  # output, strides
         p, i64, i64,  # lse, strides
@@ -283,10 +280,8 @@ def sparse_mla_attention(
     # One split, or splits merged in the cluster: the kernel writes the final output; else the Triton
     # launcher's partials layout.
     combined = splits > 1 and not in_cluster
-    bf16_partials = combined and bf16_partials_for(num_tokens, heads, splits, num_sms)
-    partials = (tsm.split_partials(device, num_tokens, splits, heads,
-                                   torch.bfloat16 if bf16_partials else torch.float32)
-                if combined else (None, None, None))
+    stage_partials = combined and stages_partials(num_tokens, heads, splits, num_sms)
+    partials = tsm.split_partials(device, num_tokens, splits, heads) if combined else (None, None, None)
     if staged:
         rows, factors = fp8_staging.stage(kv_cache)
         kv_format, kv_a, stride_a, kv_b, stride_b = KV_STAGED, rows, rows.stride(0), factors, 0
@@ -310,7 +305,7 @@ def sparse_mla_attention(
             q_pe.data_ptr(), q_pe.stride(0), q_pe.stride(1),
             kv_format, kv_a.data_ptr(), stride_a, None if kv_b is None else kv_b.data_ptr(), stride_b,
             sparse_indices.data_ptr(), sparse_indices.stride(0),
-            num_tokens, heads, topk, splits, int(in_cluster), int(bf16_partials),
+            num_tokens, heads, topk, splits, int(in_cluster), int(stage_partials),
             scale_log2, lse_scale,
             output.data_ptr(), output.stride(0), output.stride(1),
             lse.data_ptr(), lse.stride(0), lse.stride(1),

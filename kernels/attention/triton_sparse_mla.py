@@ -66,14 +66,6 @@ MAX_SPLITS = 64
 COMBINE_BLOCK_D = 64
 COMBINE_TILE = 8192
 COMBINE_WARPS = 4
-# bf16 partials (the Hopper kernel's, on grids over half the SMs) of 16 or more splits: 2 warps. H200,
-# inside the Hopper calls: the combine of 16
-# splits took 3.2-4.0 us against 5.3-6.2 with 4 warps (12.3 with 8), h64 T=8 bf16 15.8 -> 13.7 us whole.
-# 2, 4 and 8 splits gained nothing steady from other columns or warps (within 0.5 us either way in the
-# A/B); 32 and 64 splits of bf16 partials (only when a caller forces them on a large grid) were not
-# measured and follow 16. fp32 partials: no variant was faster by more than 0.3 us.
-BF16_COMBINE_MIN_SPLITS = 16
-BF16_COMBINE_WARPS = 2
 
 # The most index positions a split holds at once (the split kernels load their split's ids once,
 # before the loop; see _split_ids): tl.gather stages them in shared memory, 4 bytes each, 8 KB beside
@@ -496,7 +488,7 @@ def _sparse_mla_combine_kernel(
     d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
     # Every load is issued before any is used, so the partials do not wait behind the weights' math.
     acc = tl.load(part_acc_ptr + part[:, :, None].to(tl.int64) * _D_CKV + d[None, None, :],
-                  mask=in_use[None, :, None], other=0.0).to(tl.float32)  # fp32, or the Hopper kernel's bf16
+                  mask=in_use[None, :, None], other=0.0)
     m = tl.load(part_m_ptr + part, mask=in_use[None, :], other=float("-inf"))
     l = tl.load(part_l_ptr + part, mask=in_use[None, :], other=0.0)
     m_all = tl.max(m, 1)
@@ -692,14 +684,13 @@ class CombineConfig:
 
 
 @functools.lru_cache(maxsize=None)
-def combine_config(num_splits: int, heads: int, bf16_partials: bool = False) -> CombineConfig:
-    """The combine's launch for `num_splits` splits of `heads` heads, fp32 or bf16 partials."""
+def combine_config(num_splits: int, heads: int) -> CombineConfig:
+    """The combine's launch for `num_splits` splits of `heads` heads (fp32 partials)."""
     splits_pad = max(2, next_power_of_2(num_splits))
     block_hc = min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
     _check(block_hc >= 1,
            f"{num_splits} splits x {COMBINE_BLOCK_D} columns exceed the combine tile of {COMBINE_TILE} values")
-    warps = BF16_COMBINE_WARPS if bf16_partials and splits_pad >= BF16_COMBINE_MIN_SPLITS else COMBINE_WARPS
-    return CombineConfig(splits_pad, block_hc, COMBINE_BLOCK_D, warps)
+    return CombineConfig(splits_pad, block_hc, COMBINE_BLOCK_D, COMBINE_WARPS)
 
 
 @functools.lru_cache(maxsize=None)
@@ -709,19 +700,18 @@ def _num_sms(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def split_partials(device: torch.device, num_tokens: int, splits: int, heads: int,
-                   acc_dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(acc, m, l): partials of `splits` splits, row (token * splits + split) * heads + head; acc has
-    MLA_CKV_DIM values a row in acc_dtype (fp32; the Hopper kernel also writes bf16), m and l fp32.
+def split_partials(device: torch.device, num_tokens: int, splits: int,
+                   heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(acc, m, l): fp32 partials of `splits` splits, row (token * splits + split) * heads + head; acc
+    has MLA_CKV_DIM values a row.
     Any kernel that writes this layout can be finished by combine(). Allocated per call from
     PyTorch's caching allocator (no cudaMalloc once warm): its blocks are stream-ordered, so calls on
     concurrent streams never share partials, and a CUDA graph captures blocks of its own pool, which
     no later call can free or grow under it (a buffer kept across calls could be both)."""
     rows = num_tokens * splits * heads
-    acc_bytes = rows * MLA_CKV_DIM * acc_dtype.itemsize  # a multiple of 16: m and l start aligned
-    ws = torch.empty(acc_bytes + rows * 2 * 4, dtype=torch.uint8, device=device)  # one allocation a call
-    stats = ws[acc_bytes:].view(torch.float32)
-    return ws[:acc_bytes].view(acc_dtype), stats[:rows], stats[rows:]
+    ws = torch.empty(rows * (MLA_CKV_DIM + 2), dtype=torch.float32, device=device)  # one allocation a call
+    acc = ws[:rows * MLA_CKV_DIM]  # MLA_CKV_DIM floats a row: m and l start 16-byte aligned
+    return acc, ws[rows * MLA_CKV_DIM:rows * (MLA_CKV_DIM + 1)], ws[rows * (MLA_CKV_DIM + 1):]
 
 
 def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink: torch.Tensor | None,
@@ -729,7 +719,7 @@ def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink
             num_tokens: int) -> None:
     """Merge split_partials() into output and lse (exact fp32 log-sum-exp merge, sink included)."""
     part_acc, part_m, part_l = partials
-    cfg = combine_config(splits, heads, part_acc.dtype == torch.bfloat16)
+    cfg = combine_config(splits, heads)
     _sparse_mla_combine_kernel[(MLA_CKV_DIM // cfg.block_d, heads // cfg.block_hc, num_tokens)](
         part_acc, part_m, part_l, attn_sink if attn_sink is not None else lse, output, lse,
         lse_scale, heads, splits, int(attn_sink is not None),
@@ -937,16 +927,14 @@ def aot_specs() -> list[dict]:
         "num_heads": "i32:16", "num_splits": "i32", "has_sink": "i32", "stride_out_t": "i32:16",
         "stride_out_h": "i32:16", "stride_lse_t": "i32:16", "stride_lse_h": "i32",
     }
-    combines = sorted({(combine_config(splits, heads, bf16), bf16) for heads in HEADS for bf16 in (False, True)
-                       for splits in range(2, MAX_SPLITS + 1)}, key=lambda c: (c[1], c[0].splits_pad, c[0].block_hc))
-    for cfg, bf16 in combines:
+    combines = sorted({combine_config(splits, heads) for heads in HEADS for splits in range(2, MAX_SPLITS + 1)},
+                      key=lambda c: (c.splits_pad, c.block_hc))
+    for cfg in combines:
         constexprs = {"SPLITS_PAD": cfg.splits_pad, "BLOCK_HC": cfg.block_hc, "BLOCK_D": cfg.block_d}
         specs.append({
-            "name": f"sparse_mla_combine_s{cfg.splits_pad}_h{cfg.block_hc}"
-                    + (f"_bf16acc_d{cfg.block_d}w{cfg.num_warps}" if bf16 else ""),
+            "name": f"sparse_mla_combine_s{cfg.splits_pad}_h{cfg.block_hc}",
             "fn": _sparse_mla_combine_kernel,
-            "signature": {**combine_args, "part_acc_ptr": "*bf16" if bf16 else "*fp32",
-                          **{k: "constexpr" for k in constexprs}},
+            "signature": {**combine_args, **{k: "constexpr" for k in constexprs}},
             "constexprs": constexprs, "num_warps": cfg.num_warps, "num_stages": 1,
         })
     return specs
