@@ -710,8 +710,7 @@ def split_partials(device: torch.device, num_tokens: int, splits: int,
     no later call can free or grow under it (a buffer kept across calls could be both)."""
     rows = num_tokens * splits * heads
     ws = torch.empty(rows * (MLA_CKV_DIM + 2), dtype=torch.float32, device=device)  # one allocation a call
-    acc = ws[:rows * MLA_CKV_DIM]  # MLA_CKV_DIM floats a row: m and l start 16-byte aligned
-    return acc, ws[rows * MLA_CKV_DIM:rows * (MLA_CKV_DIM + 1)], ws[rows * (MLA_CKV_DIM + 1):]
+    return ws.split([rows * MLA_CKV_DIM, rows, rows])  # MLA_CKV_DIM floats a row: m and l start 16-byte aligned
 
 
 def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink: torch.Tensor | None,
