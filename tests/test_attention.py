@@ -183,13 +183,23 @@ def test_interpreted_fp16_tiles_keep_values_past_the_fp16_range(scaled):
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
-@pytest.mark.parametrize("splits", [2, 4, 8, 16, 32])
-def test_interpreted_combine_merges_partials(splits):
-    """Partials through the combine, each split count with its own launch (combine_config): the exact
-    merge, a row empty in every split and one split of a row empty."""
-    num_tokens, heads = 2, 64
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("splits", [2, 4, 8, 16, 32, 45])
+def test_interpreted_combine_merges_partials(splits, scaled):
+    """Partials through the combine, each split count with its own launch (combine_config; past
+    COMBINE_UNROLL splits, in steps): the exact merge, a row empty in every split and one split of a
+    row empty; scaled: fp16 values times their half row's factor (the Hopper kernel's), values past
+    fp16's range included."""
+    num_tokens, heads = 2, (64 if splits <= 8 else 16)  # fewer heads, fewer interpreted programs
     gen = torch.Generator().manual_seed(splits)
-    acc, m, l = tsm.split_partials(torch.device("cpu"), num_tokens, splits, heads)
+    device = torch.device("cpu")
+    if scaled:
+        acc, m, l, scale = tsm.scaled_split_partials(device, num_tokens, splits, heads)
+        k = torch.randint(-3, 4, (num_tokens, splits, heads, 2), generator=gen).float()
+        k[0] += 20  # the first token's values past fp16's range
+        scale.copy_(torch.exp2(k).flatten())
+    else:
+        acc, m, l = tsm.split_partials(device, num_tokens, splits, heads)
     acc.copy_(torch.randn(acc.shape, generator=gen))
     m.copy_(torch.randn(m.shape, generator=gen) * 4)
     l.copy_(torch.rand(l.shape, generator=gen) * 8 + 0.5)
@@ -200,10 +210,12 @@ def test_interpreted_combine_merges_partials(splits):
     output = torch.empty(num_tokens, heads, tsm.MLA_CKV_DIM, dtype=torch.bfloat16)
     lse = torch.empty(num_tokens, heads)
     poison({"output": output, "lse": lse})
-    tsm.combine((acc, m, l), None, output, lse, 1.0, heads, splits, num_tokens)
+    tsm.combine((acc, m, l, scale) if scaled else (acc, m, l), None, output, lse, 1.0, heads, splits, num_tokens)
 
     pm, pl = m.view(num_tokens, splits, heads), l.view(num_tokens, splits, heads)
     pacc = acc.view(num_tokens, splits, heads, -1).float()
+    if scaled:
+        pacc = (pacc.unflatten(-1, (2, -1)) * scale.view(num_tokens, splits, heads, 2, 1)).flatten(-2)
     m_all = pm.amax(1)
     w = torch.exp2(pm - torch.where(m_all == float("-inf"), 0.0, m_all)[:, None])
     l_all = (w * pl).sum(1)

@@ -413,8 +413,10 @@ def test_gpu_cuda_launchers_run_the_tuned_split_count_and_still_verify(kernel, s
     tuned.write(path, kernel.LIBRARY, [tuned.Entry(*identity, tsm.tuning_bucket(*shape), {"num_splits": splits})])
     monkeypatch.setattr(kernel, "TUNED", tuned.Table(path))
     used = []
-    partials = tsm.split_partials
-    monkeypatch.setattr(tsm, "split_partials", lambda device, t, s, *a: used.append(s) or partials(device, t, s, *a))
+    for name in ("split_partials", "scaled_split_partials"):  # the Hopper kernel's are scaled
+        partials = getattr(tsm, name)
+        monkeypatch.setattr(tsm, name, lambda device, t, s, *a, partials=partials:
+                            used.append(s) or partials(device, t, s, *a))
     w = Workload("w", definition, "t", "h", {"num_tokens": num_tokens, "num_pages": 64})
     result = runner.verify_pair(runner.Candidate("tuned", fn=search.solution_for(definition).load()), w, 1)
     assert result.status == runner.PASSED, result.problems

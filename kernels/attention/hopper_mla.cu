@@ -20,9 +20,11 @@
 //     partials feed its combine kernel unchanged).
 //   S == 1: output [T, H, 512] bf16 = softmax(sm_scale * q.k) . ckv and lse [T, H] fp32
 //     (lse_scale 1: base 2; 1/log2(e): base e); a row with no valid id gives 0 and -inf.
-//   S > 1: partials, row (t * S + s) * H + h: part_acc [., 512] unnormalized output, part_m [.]
-//     running max and part_l [.] running sum of the log2-domain logits (empty: -inf, 0), fp32; or, with reduce_in_cluster and S == 2, the output and lse as
-//     with S == 1, the two splits of a (token, head group) merged in a 2-CTA cluster (no partials).
+//   S > 1: partials, row (t * S + s) * H + h: part_acc [., 512] fp16, the unnormalized output times
+//     2^-k, one k per 256 columns, and part_scale [., 2] fp32 those 2^k; part_m [.] running max and
+//     part_l [.] running sum of the log2-domain logits (empty: -inf, 0), fp32; or, with
+//     reduce_in_cluster and S == 2, the output and lse as with S == 1, the two splits of a (token, head
+//     group) merged in a 2-CTA cluster (no partials).
 //
 // CTA = one token x one group of 64 heads x one split; 3 warpgroups (384 threads). FP8 KV with 128
 // heads: the two head-group CTAs of a (token, split) form a 2-CTA cluster sharing one gather (below).
@@ -57,12 +59,12 @@
 //     2+ blocks per CTA (kClusterMinBlocks). bf16 keeps one gather per CTA: cp.async cannot write a
 //     peer's memory, and that path is consumer-bound anyway.
 //   - Split-KV (grid y) fills the SMs when tokens x head groups are few; the partials are reduced by
-//     triton_sparse_mla's combine kernel, in fp32: a partial rounded to bf16 carries an error of 2^-9
-//     of its own magnitude, which splits that cancel in the merge leave past the 1e-2 tolerance. On
-//     grids over half the SMs (the caller's choice, stage_partials) they leave through shared memory
-//     in whole 512-byte pieces; on smaller grids straight from the accumulators (write_result). Two
-//     splits instead merge in their cluster through distributed shared memory (reduce_cluster;
-//     kClusterSplits says why only two).
+//     triton_sparse_mla's combine kernel. They are fp16 with a power-of-two scale per half row: off
+//     by 2^-11 of a half row's largest value at most, the order of the rounding the FP8 path's fp16 P
+//     already has, so splits that cancel in the merge keep the tolerance (bf16, 2^-9 of each value,
+//     did not), at half fp32's traffic. They leave through shared memory, a warp storing 512
+//     contiguous bytes (write_result). Two splits instead merge in their cluster through distributed
+//     shared memory (reduce_cluster; kClusterSplits says why only two).
 //   - Q: bf16 splits of at most kQTmaMaxBlocks blocks load it by TMA (two tensor maps built per call,
 //     one thread issuing nine 64 x 64 boxes, 128-byte swizzled as the resident tile is), overlapping
 //     the first block's gather, only consumer 0 waiting for it; longer bf16 splits by every thread
@@ -233,20 +235,20 @@ struct Params {
   const int* indices;
   long long indices_stride_t;
   int topk, num_splits, heads;
-  int stage_partials;  // part_acc leaves through shared memory in 512-byte pieces; else from the registers
   int reduce_in_cluster;  // the splits are one cluster and merge their partials there (no partials out)
   float sm_scale_log2, lse_scale;
   __nv_bfloat16* out;
   long long out_stride_t, out_stride_h;
   float* lse;
   long long lse_stride_t, lse_stride_h;
-  float* part_acc;
+  __half* part_acc;
   float* part_m;
   float* part_l;
   // Ids are valid below this (the cache's tokens); the rest are masked and counted in *bad_index_count.
   // Last, so that the offsets of the fields above stay as they were.
   uint32_t cache_tokens;
   int* bad_index_count;
+  float* part_scale;  // 2^k of each partial half row (write_result)
 };
 
 // bf16 with Q by TMA: q_nope and q_pe as [tokens][heads][512 | 64] tensor maps, 64 x 64 boxes, 128-byte
@@ -282,17 +284,19 @@ constexpr uint32_t kBarStatsReady = 4;  // consumer 0 wrote the row sums
 constexpr uint32_t kBarPartialStaged = 5;  // + c: consumer c's warpgroup staged its partial
 constexpr uint32_t kBarQReady = 7;         // FP8: the consumers loaded Q
 
-// A staged partial leaves through shared memory: written straight from the accumulator layout, a store
+// A partial leaves through shared memory: written straight from the accumulator layout, a store
 // of a quad covers a fraction of a sector in each of 8 rows (ncu, h128 T=1: 19% of the warp stalls
 // were "lg throttle" on those stores); staged, each warp stores 512 contiguous bytes, 16 a thread. Rows
 // are padded by 8 floats so the 8 rows of a warp's staging store fall on distinct bank octets (two
-// wavefronts for its 256 bytes, the least). The cluster merge reads the same staged partials.
+// wavefronts for its 256 bytes, the least); the padding's first float holds the row's 2^-k. The
+// cluster merge reads the same staged fp32 partials.
 constexpr int kStageRowFloats = kColsPerConsumer + 8;
 constexpr int kStageBytes = kHeadsPerCta * kStageRowFloats * 4;
-constexpr int kPartialPieces = kHeadsPerCta * kColsPerConsumer / 4;  // 16-byte pieces of a consumer's partial
+constexpr int kPartialPieces = kHeadsPerCta * kColsPerConsumer / 8;  // 16-byte fp16 pieces of a consumer's partial
+constexpr int kPartialHalves = kCkvDim / kColsPerConsumer;  // scales a partial row: one per consumer
 static_assert(kStageBytes <= kTileBytes, "a consumer's staged partial fits in the Q tile or a ring stage");
 static_assert(kStages == 2, "consumer 0 stages its partial in the stage the last block did not use");
-static_assert(kPartialPieces % kWarpgroupThreads == 0 && (kColsPerConsumer / 4) % 32 == 0,
+static_assert(kPartialPieces % kWarpgroupThreads == 0 && (kColsPerConsumer / 8) % 32 == 0,
               "the pieces divide over a warpgroup, and a warp's 32 pieces lie in one row");
 
 struct Smem {
@@ -773,11 +777,25 @@ __device__ __forceinline__ bool live_row(const Params& p, const Work& w, int r) 
   return w.group * kHeadsPerCta + r < p.heads;
 }
 
+// The power of two a partial's half row is divided by before it is rounded to fp16 (partial_exponent:
+// its largest magnitude lands in [2^14, 2^15), below fp16's 65504, every value keeping fp16's 11 bits
+// whatever the row's range; clamped where 2^k and 2^-k are normal floats).
+constexpr int kPartialTopExponent = 14;
+constexpr int kMinPartialExponent = -126, kMaxPartialExponent = 126;
+
+__device__ __forceinline__ int partial_exponent(float amax) {
+  const int e = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;  // floor(log2) of a normal amax
+  return amax > 0.f ? min(max(e - kPartialTopExponent, kMinPartialExponent), kMaxPartialExponent) : 0;
+}
+
+__device__ __forceinline__ float exp2_int(int k) { return __uint_as_float(static_cast<uint32_t>(127 + k) << 23); }
+
 // Columns 256c .. 256c + 255 of the CTA's 64 rows: the normalized bf16 output with one split, else the
-// fp32 partial: from the accumulators, or with p.stage_partials staged through `staging` (kStageBytes
-// of shared memory no one reads or writes any more) and stored 16 bytes (4 columns) a thread; with_stats: also the lse (or the partial's max and sum). Reduced in the cluster,
-// the partial is only staged (its row maxima and sums are in shared memory already): reduce_cluster
-// reads it there.
+// partial, staged in fp32 through `staging` (kStageBytes of shared memory no one reads or writes any
+// more, 2^-k in each row's padding) and stored as fp16 times 2^-k per half row (consumer), 16 bytes (8
+// columns) a thread, with 2^k in part_scale; with_stats: also the lse (or the partial's max and sum).
+// Reduced in the cluster, the partial is only staged (its row maxima and sums are in shared memory
+// already): reduce_cluster reads it there.
 __device__ __forceinline__ void write_result(const Params& p, const Work& w, const Rows& rows, const float (&o)[kORegs],
                                              int c, const float (&l_all)[2], const float (&m_run)[2],
                                              bool with_stats, uint32_t staging) {
@@ -800,47 +818,61 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
             empty ? -INFINITY : (m_run[i] + log2f(l_all[i])) * p.lse_scale;
       }
     }
-  } else {
-    const long long part0 = (static_cast<long long>(w.t) * p.num_splits + w.split) * p.heads + w.group * kHeadsPerCta;
+    return;
+  }
+  // The fp32 partial goes to shared memory first (the cluster merge reads it there), then leaves in
+  // 16-byte fp16 pieces, each row scaled by its own 2^-k.
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int n = 0; n < kColsPerConsumer / 8; ++n) {
+      st_shared_v2_f32(staging + (rows.r[i] * kStageRowFloats + 8 * n + 2 * rows.quad) * 4, o[4 * n + 2 * i],
+                       o[4 * n + 2 * i + 1]);
+    }
+  }
+  if (p.reduce_in_cluster) return;
+  const long long part0 = (static_cast<long long>(w.t) * p.num_splits + w.split) * p.heads + w.group * kHeadsPerCta;
+  // A row's 256 columns lie in the 4 threads of its quad.
+  float amax[2] = {0.f, 0.f};
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int n = 0; n < kColsPerConsumer / 8; ++n) {
+      amax[i] = fmaxf(amax[i], fmaxf(fabsf(o[4 * n + 2 * i]), fabsf(o[4 * n + 2 * i + 1])));
+    }
+    amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xFFFFFFFF, amax[i], 1));
+    amax[i] = fmaxf(amax[i], __shfl_xor_sync(0xFFFFFFFF, amax[i], 2));
+  }
+  if (rows.quad == 0) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      if (with_stats && rows.quad == 0 && !p.reduce_in_cluster && live_row(p, w, rows.r[i])) {
+      const int k = partial_exponent(amax[i]);
+      st_shared_b32(staging + (rows.r[i] * kStageRowFloats + kColsPerConsumer) * 4, __float_as_uint(exp2_int(-k)));
+      if (!live_row(p, w, rows.r[i])) continue;
+      p.part_scale[(part0 + rows.r[i]) * kPartialHalves + c] = exp2_int(k);
+      if (with_stats) {
         p.part_m[part0 + rows.r[i]] = m_run[i];
         p.part_l[part0 + rows.r[i]] = l_all[i];
       }
     }
-    if (!p.stage_partials && !p.reduce_in_cluster) {
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        if (!live_row(p, w, rows.r[i])) continue;
-        float* acc = p.part_acc + (part0 + rows.r[i]) * kCkvDim + col0;
-#pragma unroll
-        for (int n = 0; n < kColsPerConsumer / 8; ++n) {
-          *reinterpret_cast<float2*>(acc + 8 * n) = make_float2(o[4 * n + 2 * i], o[4 * n + 2 * i + 1]);
-        }
-      }
-      return;
-    }
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-#pragma unroll
-      for (int n = 0; n < kColsPerConsumer / 8; ++n) {
-        st_shared_v2_f32(staging + (rows.r[i] * kStageRowFloats + 8 * n + 2 * rows.quad) * 4, o[4 * n + 2 * i],
-                         o[4 * n + 2 * i + 1]);
-      }
-    }
-    if (p.reduce_in_cluster) return;
-    named_barrier_sync(kBarPartialStaged + c, kWarpgroupThreads);
-    const int tid = threadIdx.x % kWarpgroupThreads;
-#pragma unroll
-    for (int k = 0; k < kPartialPieces / kWarpgroupThreads; ++k) {
-      const int piece = k * kWarpgroupThreads + tid;
-      const int row = piece / (kColsPerConsumer / 4);
-      const int col = piece % (kColsPerConsumer / 4) * 4;
-      if (!live_row(p, w, row)) continue;
-      float* acc = p.part_acc + (part0 + row) * kCkvDim + c * kColsPerConsumer;
-      *reinterpret_cast<float4*>(acc + col) = ld_shared_v4_f32(staging + (row * kStageRowFloats + col) * 4);
-    }
+  }
+  named_barrier_sync(kBarPartialStaged + c, kWarpgroupThreads);
+  const int tid = threadIdx.x % kWarpgroupThreads;
+  // Not unrolled: this epilogue runs once, and unrolled its code cost the FP8 kernels more in instruction
+  // fetch than the loop costs (H100, h64 T=8 FP8: 30.19 us unrolled, 22.45 not; T=1 26.14, 19.55).
+#pragma unroll 1
+  for (int k = 0; k < kPartialPieces / kWarpgroupThreads; ++k) {
+    const int piece = k * kWarpgroupThreads + tid;
+    const int row = piece / (kColsPerConsumer / 8);
+    const int col = piece % (kColsPerConsumer / 8) * 8;
+    if (!live_row(p, w, row)) continue;
+    const uint32_t src = staging + (row * kStageRowFloats + col) * 4;
+    const float f = ld_shared_f32(staging + (row * kStageRowFloats + kColsPerConsumer) * 4);
+    const float4 lo = ld_shared_v4_f32(src);
+    const float4 hi = ld_shared_v4_f32(src + 16);
+    __half* acc = p.part_acc + (part0 + row) * kCkvDim + c * kColsPerConsumer;
+    *reinterpret_cast<uint4*>(acc + col) = make_uint4(pack2<true>(lo.x * f, lo.y * f), pack2<true>(lo.z * f, lo.w * f),
+                                                      pack2<true>(hi.x * f, hi.y * f), pack2<true>(hi.z * f, hi.w * f));
   }
 }
 
@@ -1373,9 +1405,8 @@ enum ErrorCode : int {
   kUnsupportedArch = -4,
   kBadClusterSplits = -5,
   kNoTensorMaps = -6,
-  kStagedPartialsUnused = -7,
-  kBadLogitScale = -8,
-  kBadKvFormat = -9,
+  kBadLogitScale = -7,
+  kBadKvFormat = -8,
 };
 
 // The KV forms dsa_hopper_mla_decode takes (kv_format).
@@ -1480,10 +1511,10 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                           const void* q_pe, long long q_pe_stride_t, long long q_pe_stride_h, int kv_format,
                           const void* kv_a, long long kv_a_stride, const void* kv_b, long long kv_b_stride,
                           const int* indices, long long indices_stride_t, int num_tokens, int heads, int topk,
-                          int num_splits, int reduce_in_cluster, int stage_partials, float sm_scale_log2,
+                          int num_splits, int reduce_in_cluster, float sm_scale_log2,
                           float lse_scale, void* out, long long out_stride_t, long long out_stride_h, float* lse,
                           long long lse_stride_t, long long lse_stride_h,
-                          float* part_acc, float* part_m, float* part_l, long long cache_tokens,
+                          void* part_acc, float* part_m, float* part_l, float* part_scale, long long cache_tokens,
                           int* bad_index_count, cudaStream_t stream) {
   if (kv_format != kKvBf16 && kv_format != kKvFp8 && kv_format != kKvStaged) return kBadKvFormat;
   if (heads != 16 && heads != 32 && heads != 64 && heads != 128) return kBadShape;
@@ -1498,8 +1529,9 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
   }
   if (reduce_in_cluster && num_splits != kClusterSplits) return kBadClusterSplits;
   const bool partials = num_splits > 1 && !reduce_in_cluster;
-  if (partials && (part_acc == nullptr || part_m == nullptr || part_l == nullptr)) return kNullPointer;
-  if (stage_partials && !partials) return kStagedPartialsUnused;
+  if (partials && (part_acc == nullptr || part_m == nullptr || part_l == nullptr || part_scale == nullptr)) {
+    return kNullPointer;
+  }
   // consume_softmax scales each block's raw maximum, which is the scaled maximum only for a positive scale.
   if (!(sm_scale_log2 > 0.f)) return kBadLogitScale;
   const bool kv_ok = kv_format == kKvFp8 ? aligned16(kv_a)
@@ -1515,10 +1547,10 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
   }
   const Params p{static_cast<const __nv_bfloat16*>(q_nope), q_nope_stride_t, q_nope_stride_h,
                  static_cast<const __nv_bfloat16*>(q_pe), q_pe_stride_t, q_pe_stride_h, kv_a, kv_a_stride, kv_b,
-                 kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, stage_partials != 0, reduce_in_cluster != 0,
+                 kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, reduce_in_cluster != 0,
                  sm_scale_log2, lse_scale, static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse,
-                 lse_stride_t, lse_stride_h, part_acc, part_m, part_l,
-                 static_cast<uint32_t>(std::min(cache_tokens, kMaxCacheTokens)), bad_index_count};
+                 lse_stride_t, lse_stride_h, static_cast<__half*>(part_acc), part_m, part_l,
+                 static_cast<uint32_t>(std::min(cache_tokens, kMaxCacheTokens)), bad_index_count, part_scale};
   const int split0_tokens = (topk + num_splits - 1) / num_splits;  // the most any split takes
   if (kv_format == kKvStaged) return launch<true, 1, false, true>(p, num_tokens, stream);
   if (kv_format == kKvBf16) {
@@ -1552,7 +1584,6 @@ const char* dsa_hopper_mla_error_string(int code) {
       static_assert(kClusterSplits == 2, "the message below spells the count out");
       return "splits merged in a cluster must number exactly 2";
     case kNoTensorMaps: return "q could not be described as a TMA tensor map (cuTensorMapEncodeTiled refused it)";
-    case kStagedPartialsUnused: return "stage_partials needs partials: num_splits > 1 and not reduce_in_cluster";
     case kBadLogitScale: return "sm_scale_log2 must be positive (the launcher turns sm_scale <= 0 into that)";
     case kBadKvFormat: return "kv_format must be 0 (bf16), 1 (FP8) or 2 (FP8 staged as fp16 rows)";
     default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";

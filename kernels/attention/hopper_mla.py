@@ -19,10 +19,10 @@ refused with the reason (the Triton kernel takes it).
 
 Splits: split s of S takes the row positions s, s + S, ... exactly as the Triton kernel. The partials
 are merged one of two ways: written in the Triton launcher's partial layout (triton_sparse_mla.
-split_partials, fp32; on grids over half the SMs staged through shared memory, stages_partials) that
-the Triton combine() reduces, or, with exactly CLUSTER_SPLITS (2) splits, inside the kernel:
-the two splits of one (token, head group) form a thread-block cluster and merge through distributed
-shared memory (no partials in global memory, no combine launch). merges_in_cluster() says when.
+scaled_split_partials: fp16 with a power-of-two factor per half row) that the Triton combine()
+reduces, or, with exactly CLUSTER_SPLITS (2) splits, inside the kernel: the two splits of one
+(token, head group) form a thread-block cluster and merge through distributed shared memory (no
+partials in global memory, no combine launch). merges_in_cluster() says when.
 
 Staging: the whole FP8 cache is first converted into the fp16 rows the FP8 path would write to shared
 memory, and the kernel copies those rows instead of converting every gather: the same output bits, one
@@ -152,17 +152,6 @@ def groups(heads: int) -> int:
     return -(-heads // HEADS_PER_CTA)
 
 
-def stages_partials(num_tokens: int, heads: int, splits: int, num_sms: int) -> bool:
-    """Whether the kernel's fp32 split partials leave through shared memory (the kernel's
-    stage_partials): on grids of more CTAs than half the SMs, where their stores weigh most. There a
-    thread stores 16 contiguous bytes instead of a quad's fraction of a sector in each of 8 rows (H200,
-    128 CTAs, h128 T=4 bf16: 17.61 us staged against 18.30 from the accumulators); on smaller grids the
-    round trip through shared memory costs more than it saves (64 CTAs, h64 T=2 bf16: 13.57 against
-    12.90). Partials stay fp32 whatever the grid: rounded to bf16, splits that cancel in the merge carry
-    the rounding past the tolerance (test_model_partials_keep_the_tolerance_where_splits_cancel)."""
-    return 2 * groups(heads) * splits * num_tokens > num_sms
-
-
 def merges_in_cluster(splits: int, heads: int, fp8kv: bool) -> bool:
     """Whether the splits merge in a cluster rather than through the combine kernel: at 2 splits, the
     count the formula gives grids of 64 (token, head group) pairs (h128 T=32, h64 T=64), except FP8 at
@@ -187,11 +176,11 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         i32,  # KV format: KV_BF16, KV_FP8 or KV_STAGED
         p, i64, p, i64,  # kv_a + row stride, kv_b + row stride
         p, i64,  # indices, row stride
-        i32, i32, i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits, reduce_in_cluster, stage_partials
+        i32, i32, i32, i32, i32,  # num_tokens, heads, topk, num_splits, reduce_in_cluster
         f32, f32,  # sm_scale * log2(e), lse scale
         p, i64, i64,  # output, strides
         p, i64, i64,  # lse, strides
-        p, p, p,  # partials: acc, m, l
+        p, p, p, p,  # partials: acc, m, l, scale
         i64, p,  # cache_tokens (ids are valid below it), int32 counter of the masked out-of-range ids
         p,  # cudaStream_t
     ]
@@ -268,7 +257,6 @@ def sparse_mla_attention(
     if num_tokens == 0:
         return
     staged = fp8kv and (stages_cache(num_tokens, heads, topk, tokens_in_cache) if staged is None else staged)
-    num_sms = tsm._num_sms(device)
     splits = num_splits or launch_splits(num_tokens, heads, topk, fp8kv, device)
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
     # Staged rows are gathered per CTA, as bf16's: no head-group cluster to keep the splits' cluster from.
@@ -280,8 +268,8 @@ def sparse_mla_attention(
     # One split, or splits merged in the cluster: the kernel writes the final output; else the Triton
     # launcher's partials layout.
     combined = splits > 1 and not in_cluster
-    stage_partials = combined and stages_partials(num_tokens, heads, splits, num_sms)
-    partials = tsm.split_partials(device, num_tokens, splits, heads) if combined else (None, None, None)
+    partials = (tsm.scaled_split_partials(device, num_tokens, splits, heads) if combined
+                else (None, None, None, None))
     if staged:
         rows, factors = fp8_staging.stage(kv_cache)
         kv_format, kv_a, stride_a, kv_b, stride_b = KV_STAGED, rows, rows.stride(0), factors, 0
@@ -305,7 +293,7 @@ def sparse_mla_attention(
             q_pe.data_ptr(), q_pe.stride(0), q_pe.stride(1),
             kv_format, kv_a.data_ptr(), stride_a, None if kv_b is None else kv_b.data_ptr(), stride_b,
             sparse_indices.data_ptr(), sparse_indices.stride(0),
-            num_tokens, heads, topk, splits, int(in_cluster), int(stage_partials),
+            num_tokens, heads, topk, splits, int(in_cluster),
             scale_log2, lse_scale,
             output.data_ptr(), output.stride(0), output.stride(1),
             lse.data_ptr(), lse.stride(0), lse.stride(1),

@@ -60,12 +60,15 @@ H200_NUM_SMS = 132
 # combine than they save.
 MAX_SPLITS = 64
 # A combine program reduces a [heads, splits, COMBINE_BLOCK_D] block of partials of at most
-# COMBINE_TILE fp32 values (32 KB: 64 registers a thread with 4 warps); fewer splits, more heads.
-# Contest suite mean (H200): 64 columns 9.22 us,
-# 128 columns 9.52, 32 columns 9.47; 64 columns with a 4096-value tile 9.68.
+# COMBINE_TILE values, all loaded before they are summed (64 registers a thread with 4 warps); fewer
+# splits, more heads. Contest suite mean (H200, a [heads, splits, columns] tile reduced at once): 64
+# columns 9.22 us, 128 columns 9.52, 32 columns 9.47; 64 columns with a 4096-value tile 9.68.
 COMBINE_BLOCK_D = 64
 COMBINE_TILE = 8192
 COMBINE_WARPS = 4
+# Splits the combine unrolls, their loads all issued before their sums: up to 32 at once (193 registers a
+# thread, sm_90a); 64 spilled, so more splits go in steps of 32.
+COMBINE_UNROLL = 32
 
 # The most index positions a split holds at once (the split kernels load their split's ids once,
 # before the loop; see _split_ids): tl.gather stages them in shared memory, 4 bytes each, 8 KB beside
@@ -78,6 +81,10 @@ ROW_IDS_MIN = 256
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _COMBINE_TILE = tl.constexpr(COMBINE_TILE)
+_COMBINE_UNROLL = tl.constexpr(COMBINE_UNROLL)
+# Scaled partials (scaled_split_partials): fp16 values, each half row with its own power-of-two factor.
+SCALE_COLUMNS = MLA_CKV_DIM // 2
+_SCALE_COLUMNS = tl.constexpr(SCALE_COLUMNS)
 _D_CKV = tl.constexpr(MLA_CKV_DIM)
 _D_KPE = tl.constexpr(MLA_KPE_DIM)
 _TOKEN_BYTES = tl.constexpr(MLA_TOKEN_BYTES)
@@ -469,32 +476,47 @@ def _sparse_mla_fp8_f16_kernel(
 
 @triton.jit(do_not_specialize=["num_splits", "has_sink"])
 def _sparse_mla_combine_kernel(
-    part_acc_ptr, part_m_ptr, part_l_ptr, sink_ptr, out_ptr, lse_ptr,
+    part_acc_ptr, part_m_ptr, part_l_ptr, part_scale_ptr, sink_ptr, out_ptr, lse_ptr,
     lse_scale, num_heads, num_splits, has_sink, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-    SPLITS_PAD: tl.constexpr, BLOCK_HC: tl.constexpr, BLOCK_D: tl.constexpr,
+    SPLITS_PAD: tl.constexpr, BLOCK_HC: tl.constexpr, BLOCK_D: tl.constexpr, SCALED: tl.constexpr,
 ):
-    """Program (column block, head block, token): reduce the splits' partials exactly."""
+    """Program (column block, head block, token): reduce the splits' partials exactly (SCALED: fp16
+    values times their half row's factor)."""
     tl.static_assert(_D_CKV % BLOCK_D == 0, "the column blocks tile the output row exactly")
+    tl.static_assert(_SCALE_COLUMNS % BLOCK_D == 0, "a column block lies in one scaled half row")
     tl.static_assert(SPLITS_PAD * BLOCK_HC * BLOCK_D <= _COMBINE_TILE, "the partial tile fits in registers")
     chunk = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_HC + tl.arange(0, BLOCK_HC)
     t = tl.program_id(2)
-    s = tl.arange(0, SPLITS_PAD)
-    in_use = s < num_splits
-    # [heads, splits] and [heads, splits, columns], splits second: Triton lays warps along the first
-    # axis, so the reduction over splits stays in registers (with splits first it went through shared
-    # memory: the combine of 128 heads x 8 tokens x 8 splits took 14.4 us, H200).
-    part = (t * num_splits + s[None, :]) * num_heads + heads[:, None]
     d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
-    # Every load is issued before any is used, so the partials do not wait behind the weights' math.
-    acc = tl.load(part_acc_ptr + part[:, :, None].to(tl.int64) * _D_CKV + d[None, None, :],
-                  mask=in_use[None, :, None], other=0.0)
-    m = tl.load(part_m_ptr + part, mask=in_use[None, :], other=float("-inf"))
-    l = tl.load(part_l_ptr + part, mask=in_use[None, :], other=0.0)
-    m_all = tl.max(m, 1)
-    w = tl.exp2(m - tl.where(m_all == float("-inf"), 0.0, m_all)[:, None])  # empty splits weigh 0
-    acc = tl.sum(w[:, :, None] * acc, 1)
-    l_all = tl.sum(w * l, 1)
+    # Split by split, unrolled (in steps of COMBINE_UNROLL splits past that many): every thread sums its
+    # own [heads, columns] elements over the splits in registers, a step's loads all issued before their
+    # sums. (One [heads, splits, columns] tile reduced over splits spread the splits over threads and
+    # warps: a shuffle and shared-memory reduction.)
+    STEP: tl.constexpr = min(SPLITS_PAD, _COMBINE_UNROLL)
+    m_all = tl.full([BLOCK_HC], float("-inf"), tl.float32)
+    for s0 in tl.range(0, SPLITS_PAD // STEP):
+        for j in tl.static_range(STEP):
+            s = s0 * STEP + j
+            part = (t * num_splits + s) * num_heads + heads
+            live = tl.full([BLOCK_HC], s, tl.int32) < num_splits  # a tensor: the interpreter takes no scalar mask
+            m_all = tl.maximum(m_all, tl.load(part_m_ptr + part, mask=live, other=float("-inf")))
+    ref = tl.where(m_all == float("-inf"), 0.0, m_all)  # empty splits weigh 0
+    acc = tl.zeros([BLOCK_HC, BLOCK_D], tl.float32)
+    l_all = tl.zeros([BLOCK_HC], tl.float32)
+    for s0 in tl.range(0, SPLITS_PAD // STEP):
+        for j in tl.static_range(STEP):
+            s = s0 * STEP + j
+            part = (t * num_splits + s) * num_heads + heads
+            live = tl.full([BLOCK_HC], s, tl.int32) < num_splits
+            values = tl.load(part_acc_ptr + part[:, None].to(tl.int64) * _D_CKV + d[None, :], mask=live[:, None],
+                             other=0.0)
+            w = tl.exp2(tl.load(part_m_ptr + part, mask=live, other=float("-inf")) - ref)
+            l_all += w * tl.load(part_l_ptr + part, mask=live, other=0.0)
+            if SCALED:
+                half = chunk * BLOCK_D // _SCALE_COLUMNS
+                w *= tl.load(part_scale_ptr + part * (_D_CKV // _SCALE_COLUMNS) + half, mask=live, other=0.0)
+            acc += w[:, None] * values.to(tl.float32)
     out, lse = _finalize(acc, m_all, l_all, sink_ptr, heads, has_sink, lse_scale)
     tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + d[None, :], out.to(tl.bfloat16))
     if chunk == 0:
@@ -685,7 +707,7 @@ class CombineConfig:
 
 @functools.lru_cache(maxsize=None)
 def combine_config(num_splits: int, heads: int) -> CombineConfig:
-    """The combine's launch for `num_splits` splits of `heads` heads (fp32 partials)."""
+    """The combine's launch for `num_splits` splits of `heads` heads (fp32 or scaled fp16 partials)."""
     splits_pad = max(2, next_power_of_2(num_splits))
     block_hc = min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
     _check(block_hc >= 1,
@@ -713,18 +735,29 @@ def split_partials(device: torch.device, num_tokens: int, splits: int,
     return ws.split([rows * MLA_CKV_DIM, rows, rows])  # MLA_CKV_DIM floats a row: m and l start 16-byte aligned
 
 
-def combine(partials: tuple[torch.Tensor, torch.Tensor, torch.Tensor], attn_sink: torch.Tensor | None,
-            output: torch.Tensor, lse: torch.Tensor, lse_scale: float, heads: int, splits: int,
-            num_tokens: int) -> None:
-    """Merge split_partials() into output and lse (exact fp32 log-sum-exp merge, sink included)."""
-    part_acc, part_m, part_l = partials
+def scaled_split_partials(device: torch.device, num_tokens: int, splits: int,
+                          heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(acc, m, l, scale): split_partials() with acc in fp16, each half row (SCALE_COLUMNS values) to
+    be multiplied by its factor in scale [rows * 2] (fp32), as the Hopper kernel writes them."""
+    rows = num_tokens * splits * heads
+    halves = MLA_CKV_DIM // SCALE_COLUMNS
+    ws = torch.empty(rows * (MLA_CKV_DIM // 2 + 2 + halves), dtype=torch.float32, device=device)
+    acc, m, l, scale = ws.split([rows * MLA_CKV_DIM // 2, rows, rows, rows * halves])
+    return acc.view(torch.float16), m, l, scale  # 1024 bytes a row: the fp32 tail stays aligned
+
+
+def combine(partials: tuple[torch.Tensor, ...], attn_sink: torch.Tensor | None, output: torch.Tensor,
+            lse: torch.Tensor, lse_scale: float, heads: int, splits: int, num_tokens: int) -> None:
+    """Merge split_partials() or scaled_split_partials() into output and lse (exact fp32 log-sum-exp
+    merge, sink included)."""
+    part_acc, part_m, part_l, *scale = partials
     cfg = combine_config(splits, heads)
     _sparse_mla_combine_kernel[(MLA_CKV_DIM // cfg.block_d, heads // cfg.block_hc, num_tokens)](
-        part_acc, part_m, part_l, attn_sink if attn_sink is not None else lse, output, lse,
-        lse_scale, heads, splits, int(attn_sink is not None),
+        part_acc, part_m, part_l, scale[0] if scale else part_m, attn_sink if attn_sink is not None else lse,
+        output, lse, lse_scale, heads, splits, int(attn_sink is not None),
         output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-        SPLITS_PAD=cfg.splits_pad, BLOCK_HC=cfg.block_hc, BLOCK_D=cfg.block_d, num_warps=cfg.num_warps,
-        enable_fp_fusion=FP_FUSION,
+        SPLITS_PAD=cfg.splits_pad, BLOCK_HC=cfg.block_hc, BLOCK_D=cfg.block_d, SCALED=bool(scale),
+        num_warps=cfg.num_warps, enable_fp_fusion=FP_FUSION,
     )
 
 
@@ -921,19 +954,22 @@ def aot_specs() -> list[dict]:
                 "constexprs": constexprs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
             })
     combine_args = {
-        "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "sink_ptr": "*fp32",
-        "out_ptr": "*bf16", "lse_ptr": "*fp32", "lse_scale": "fp32",
+        "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_scale_ptr": "*fp32",
+        "sink_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "lse_scale": "fp32",
         "num_heads": "i32:16", "num_splits": "i32", "has_sink": "i32", "stride_out_t": "i32:16",
         "stride_out_h": "i32:16", "stride_lse_t": "i32:16", "stride_lse_h": "i32",
     }
     combines = sorted({combine_config(splits, heads) for heads in HEADS for splits in range(2, MAX_SPLITS + 1)},
                       key=lambda c: (c.splits_pad, c.block_hc))
-    for cfg in combines:
-        constexprs = {"SPLITS_PAD": cfg.splits_pad, "BLOCK_HC": cfg.block_hc, "BLOCK_D": cfg.block_d}
-        specs.append({
-            "name": f"sparse_mla_combine_s{cfg.splits_pad}_h{cfg.block_hc}",
-            "fn": _sparse_mla_combine_kernel,
-            "signature": {**combine_args, **{k: "constexpr" for k in constexprs}},
-            "constexprs": constexprs, "num_warps": cfg.num_warps, "num_stages": 1,
-        })
+    for scaled in (False, True):  # fp32 partials, and the Hopper kernel's scaled fp16 ones
+        for cfg in combines:
+            constexprs = {"SPLITS_PAD": cfg.splits_pad, "BLOCK_HC": cfg.block_hc, "BLOCK_D": cfg.block_d,
+                          "SCALED": scaled}
+            specs.append({
+                "name": f"sparse_mla_combine_s{cfg.splits_pad}_h{cfg.block_hc}" + ("_scaled" if scaled else ""),
+                "fn": _sparse_mla_combine_kernel,
+                "signature": {**combine_args, "part_acc_ptr": "*fp16" if scaled else "*fp32",
+                              **{k: "constexpr" for k in constexprs}},
+                "constexprs": constexprs, "num_warps": cfg.num_warps, "num_stages": 1,
+            })
     return specs
