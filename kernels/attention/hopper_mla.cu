@@ -784,11 +784,9 @@ constexpr int kPartialTopExponent = 14;
 constexpr int kMinPartialExponent = -126, kMaxPartialExponent = 126;
 
 __device__ __forceinline__ int partial_exponent(float amax) {
-  const int e = static_cast<int>((__float_as_uint(amax) >> 23) & 0xFF) - 127;  // floor(log2) of a normal amax
+  const int e = exponent_of(__float_as_int(amax));  // floor(log2) of a normal amax
   return amax > 0.f ? min(max(e - kPartialTopExponent, kMinPartialExponent), kMaxPartialExponent) : 0;
 }
-
-__device__ __forceinline__ float exp2_int(int k) { return __uint_as_float(static_cast<uint32_t>(127 + k) << 23); }
 
 // Columns 256c .. 256c + 255 of the CTA's 64 rows: the normalized bf16 output with one split, else the
 // partial, staged in fp32 through `staging` (kStageBytes of shared memory no one reads or writes any
@@ -847,9 +845,9 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int k = partial_exponent(amax[i]);
-      st_shared_b32(staging + (rows.r[i] * kStageRowFloats + kColsPerConsumer) * 4, __float_as_uint(exp2_int(-k)));
+      st_shared_b32(staging + (rows.r[i] * kStageRowFloats + kColsPerConsumer) * 4, __float_as_uint(pow2(-k)));
       if (!live_row(p, w, rows.r[i])) continue;
-      p.part_scale[(part0 + rows.r[i]) * kPartialHalves + c] = exp2_int(k);
+      p.part_scale[(part0 + rows.r[i]) * kPartialHalves + c] = pow2(k);
       if (with_stats) {
         p.part_m[part0 + rows.r[i]] = m_run[i];
         p.part_l[part0 + rows.r[i]] = l_all[i];
