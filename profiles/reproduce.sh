@@ -18,6 +18,9 @@
 #   topk       topk.csv/.json + PNGs: top-k with page translation, rows 1-128 x lengths 2K-128K
 #   pipeline   pipeline.csv/.json + pipeline/stages.png: the whole decode step (DecodeStep), batch 1-128 x
 #              context 4K-128K x 16/128 heads x next_n 1-2, CUDA-graph replay against its kernels and PyTorch
+#   tune       tune-contest.json, tune-scale.json: `dsactl tune --dry-run` of the attention kernels on the
+#              contest and scale suites, every candidate verified then timed against the hand-picked choice
+#              (the gain per shape bucket); the tuned tables beside the kernels are left as they are
 #   ncu        Nsight Compute reports (section set warps) of one workload per kernel family, kept as the CPU tests' fixtures
 #              (tests/fixtures/ncu/<family>.ncu-rep), then ncu-tables
 #   ncu-tables ncu/<family>/: the reports' tables, roofline and utilisation charts (dsactl profile --import;
@@ -39,7 +42,7 @@ GPU=${GPU:-$(python3 -c "import torch; from dsactl.device import gpu_slug; print
 DIR=profiles/$GPU
 mkdir -p "$DIR"
 AREAS=("$@")
-[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention prefill indexer topk pipeline ncu ncu-flashmla readme)
+[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention prefill indexer topk pipeline tune ncu ncu-flashmla readme)
 
 # cupti-python times kernels by CUPTI; its wheel and pyelftools' (which it imports), carried in .carry/,
 # install where pip has no network.
@@ -89,6 +92,11 @@ for area in "${AREAS[@]}"; do
     indexer) bench indexer --suite scale -d 'dsa_topk_indexer_*' --no-reference --iters 20 --trials 2 ;;
     topk) bench topk --suite scale -d 'dsa_topk_page_transform_*' --no-reference --iters 20 --trials 2 ;;
     pipeline) "${DSACTL[@]}" bench --pipeline --iters 20 --warmup 5 --csv "$DIR/pipeline.csv" --json "$DIR/pipeline.json" --plot "$DIR/pipeline" ;;
+    tune)
+      for suite in contest scale; do
+        "${DSACTL[@]}" tune -d 'dsa_sparse_attention_*' --suite $suite --trials 2 --iters 30 --verify-trials 2 \
+          --dry-run --json "$DIR/tune-$suite.json" || echo "reproduce.sh: tune on $suite failed" >&2
+      done ;;
     ncu)
       mkdir -p tests/fixtures/ncu
       for pick in indexer:dsactl-indexer:contest-indexer-100 topk:dsactl-topk:scale-topk-r8-len32768-fp32 \

@@ -46,7 +46,7 @@ GPU_ONLY = (
     "dsactl bench --suite scale -d 'dsa_sparse_attention_h128*' --no-reference -b flashmla",
     "dsactl bench --compare profiles/h200/contest.csv",
     "dsactl bench --pipeline --heads 128 --batch 32",
-    "dsactl tune -d 'dsa_sparse_attention_*' --suite scale",
+    "dsactl tune -d 'dsa_sparse_attention_*' --suite scale --json tune.json",
     "dsactl profile --ncu warps --definition 'dsa_sparse_attention_h64*' -w scale-attention-h64-t128-fp8 -b flashmla",
 )
 # Commands that read a file an earlier example writes: run after it.

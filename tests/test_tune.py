@@ -275,6 +275,13 @@ def test_tune_verifies_before_timing_and_writes_the_fastest_verified_candidate(m
     assert entry.config == fastest and entry.bucket == SMALL_BUCKET and entry.key[:2] == H200
     assert entry.source == {"command": "dsactl tune -d x", "date": "2026-01-02", "method": "fake", "us": 5.0,
                             "default_us": 10.0 + hand[1], "workloads": ["small"]}
+    [bucket] = sweep.report([result], "dsactl tune -d x")["buckets"]
+    assert (bucket["bucket"], bucket["best"], bucket["written"]) == (SMALL_BUCKET, result.winner.label, True)
+    assert bucket["hand_picked_us"] == 10.0 + hand[1] and bucket["best_us"] == 5.0
+    assert bucket["gain"] == round((10.0 + hand[1]) / 5.0, 4)
+    assert [c["knobs"] for c in bucket["candidates"]] == [None, *found[1:]]
+    assert [c["us"] is None for c in bucket["candidates"]] == [c is broken for c in [None, *found[1:]]]
+    assert "small" in next(c["problem"] for c in bucket["candidates"] if c["knobs"] is broken)
     other_gpu = _entry(gpu=("NVIDIA B200", (10, 0)))
     tuned.write(tmp_path / "triton_sparse_mla.json", "triton_sparse_mla", [other_gpu])
     [path] = sweep.write(new, tmp_path)
@@ -343,13 +350,13 @@ def test_tune_without_a_gpu_is_one_line_exit_2(monkeypatch, capsys):
     assert out.err == f"error: {sweep.NO_GPU}\n" and out.out == ""
 
 
-def test_tune_refuses_a_bad_out_or_method_in_one_line(monkeypatch, capsys, tmp_path):
+def test_tune_refuses_a_bad_out_json_or_method_in_one_line(monkeypatch, capsys, tmp_path):
     from dsactl import cli
 
     monkeypatch.setattr("dsactl.device.has_cuda_gpu", lambda: True)
     a_file = tmp_path / "f"
     a_file.write_text("")
-    for args in (["--out", str(a_file)], ["--method", "stopwatch"]):
+    for args in (["--out", str(a_file)], ["--json", str(tmp_path)], ["--method", "stopwatch"]):
         monkeypatch.setattr(sys, "argv", ["dsactl", "tune", *args])
         with pytest.raises(SystemExit) as exit_:
             cli.main()

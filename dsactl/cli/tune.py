@@ -10,8 +10,8 @@ from typing import Optional
 import typer
 
 from dsactl.cli import workers
-from dsactl.cli.paths import output_dir
-from dsactl.cli.render import console, table
+from dsactl.cli.paths import output_dir, output_file
+from dsactl.cli.render import console, table, write_json
 from dsactl.cli.suites import SUITE_HELP
 
 
@@ -53,6 +53,8 @@ def register(app: typer.Typer) -> None:
         method: str = typer.Option("auto", "--method", help="Timing method, as bench: auto, cupti, "
                                                             "torch-profiler or cuda-graph."),
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the winners; write no table."),
+        json_out: Optional[Path] = typer.Option(None, "--json", help="Write every bucket's candidates, times "
+                                                                    "and gain to this JSON file."),
         out: Optional[Path] = typer.Option(None, "--out", help="Write the tables into this folder instead of "
                                                                 "beside the kernels (kernels/<stage>/tuned/)."),
         gpus: Optional[str] = workers.gpus_option(),
@@ -63,6 +65,7 @@ def register(app: typer.Typer) -> None:
         from dsactl.tune import sweep
 
         output_dir(out, "--out")
+        output_file(json_out, "--json")
         from dsactl import workloads as wl
         from dsactl.bench import timing
         from dsactl.tune.search import Settings
@@ -78,6 +81,8 @@ def register(app: typer.Typer) -> None:
                                        on_start=lambda job: status.update(f"tune {job.family} {job.bucket}"))
         run_on.close()
         _render(plan, results)
+        if json_out is not None:
+            write_json(json_out, sweep.report(results, command))
         new = sweep.entries(results, command)
         count = sum(len(v) for v in new.values())
         if dry_run or not new:

@@ -11,7 +11,7 @@ from typing import Any, Callable, Sequence
 from dsactl.errors import DsactlError
 from dsactl.kernels import tuned
 from dsactl.tune import families, space
-from dsactl.tune.search import BucketResult, Settings, Timer, tune_bucket
+from dsactl.tune.search import MIN_GAIN, BucketResult, Settings, Timer, tune_bucket
 from dsactl.workloads import Workload
 
 NO_GPU = "dsactl tune needs a CUDA GPU: it times candidates on the GPU whose table it writes"
@@ -145,6 +145,28 @@ def entries(results: Sequence[BucketResult], command: str, date: str | None = No
                   "default_us": round(r.default.total_us, 3), "workloads": r.workloads}
         out.setdefault(r.family, []).append(tuned.Entry(r.gpu, r.capability, r.bucket, chosen.knobs, source))
     return out
+
+
+def report(results: Sequence[BucketResult], command: str) -> dict[str, Any]:
+    """The sweep as plain data (tune --json): per bucket, every candidate tried (its knobs, why verification
+    refused it, its summed per-workload median us), the hand-picked choice's time, the fastest verified
+    candidate's, and whether it was written (it beat the hand-picked choice by MIN_GAIN)."""
+    def us(t: Any) -> float | None:
+        return None if t is None or t.total_us is None else round(t.total_us, 3)
+
+    buckets = []
+    for r in results:
+        best, hand, fastest = r.winner, us(r.default), us(r.winner)
+        buckets.append({
+            "family": r.family, "bucket": r.bucket, "gpu": r.gpu,
+            "capability": list(r.capability) if r.capability else None, "method": r.method,
+            "workloads": r.workloads, "hand_picked_us": hand,
+            "best": None if best is None else best.label, "best_us": fastest,
+            "gain": round(hand / fastest, 4) if hand and fastest else None,
+            "written": r.chosen is not None,
+            "candidates": [{"knobs": t.knobs, "problem": t.problem, "us": us(t)} for t in r.tried],
+        })
+    return {"command": command, "min_gain": MIN_GAIN, "buckets": buckets}
 
 
 def table_file(family: families.Family, out: Path | None) -> Path:
