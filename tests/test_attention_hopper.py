@@ -487,9 +487,9 @@ def test_gpu_index_patterns(pattern, suffix):
 def test_gpu_any_split_count_is_exact(heads, num_splits, suffix):
     """FP8 at 128 heads runs in 2-CTA clusters from 2 blocks a CTA: 31 splits leave 66-67 tokens a
     split (a second block of 2-3 valid tokens, clustered), 32 splits one block (alone), 64 splits
-    half a block. Grids over half the H200's SMs (31+ splits; 128 heads x 31 = 248 CTAs) write bf16
-    partials through shared memory, 7 splits fp32 partials straight from the accumulators, and 2
-    splits merge in a cluster (but FP8 at 128 heads, combined)."""
+    half a block (the combine's two steps of 32). Every split count but 2 writes fp16 partials with a
+    power of two per half row through shared memory; 2 splits merge in a cluster (but FP8 at 128 heads,
+    combined)."""
     definition = definition_name(heads, 2048, suffix)
     inputs = case_inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
     assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
