@@ -21,9 +21,9 @@ from attention_cases import (assert_matches_reference, assert_repeatable, case_i
 
 from dsactl import solutions
 from dsactl.definitions import get
-from dsactl.kernels.errors import KernelError
+from dsactl.kernels.errors import KernelError, KernelInputError
 from dsactl.harness import poison
-from dsactl.kernels.attention import entries, solution, torch_baseline, triton_entries
+from dsactl.kernels.attention import entries, hopper_mla, solution, torch_baseline, triton_entries
 from dsactl.kernels.attention import triton_sparse_mla as tsm
 from dsactl.verify.rules import check
 from dsactl.workloads import make_inputs, suite
@@ -183,13 +183,13 @@ def test_interpreted_fp16_tiles_keep_values_past_the_fp16_range(scaled):
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
-@pytest.mark.parametrize("scaled", [False, True])
-@pytest.mark.parametrize("splits", [2, 4, 8, 16, 32, 45])
+@pytest.mark.parametrize("scaled, splits", [(False, n) for n in (2, 4, 8, 16, 32, 45, 64)]
+                         + [(True, n) for n in (2, 4, 8, 16, 32)])
 def test_interpreted_combine_merges_partials(splits, scaled):
     """Partials through the combine, each split count with its own launch (combine_config; past
-    COMBINE_UNROLL splits, in steps): the exact merge, a row empty in every split and one split of a
-    row empty; scaled: fp16 values times their half row's factor (the Hopper kernel's), values past
-    fp16's range included."""
+    COMBINE_ONE_HEAD_PAST splits, a head a program): the exact merge, a row empty in every split and one
+    split of a row empty; scaled: fp16 values times their half row's factor (the Hopper kernel's, at most
+    SCALED_MAX_SPLITS splits), values past fp16's range included."""
     num_tokens, heads = 2, (64 if splits <= 8 else 16)  # fewer heads, fewer interpreted programs
     gen = torch.Generator().manual_seed(splits)
     device = torch.device("cpu")
@@ -230,10 +230,24 @@ def test_combine_launch_tiles_the_row_inside_the_combine_tile():
     for splits in range(2, tsm.MAX_SPLITS + 1):
         for heads in tsm.HEADS:
             cfg = tsm.combine_config(splits, heads)
-            assert (cfg.block_d, cfg.num_warps) == (tsm.COMBINE_BLOCK_D, tsm.COMBINE_WARPS)
             assert cfg.splits_pad >= splits and heads % cfg.block_hc == 0
-            assert tsm.MLA_CKV_DIM % cfg.block_d == 0
+            assert tsm.MLA_CKV_DIM % cfg.block_d == 0 and cfg.block_d == tsm.COMBINE_BLOCK_D
             assert cfg.splits_pad * cfg.block_hc * cfg.block_d <= tsm.COMBINE_TILE
+            if cfg.splits_pad > tsm.COMBINE_ONE_HEAD_PAST:  # a value a thread: one head on block_d threads
+                assert (cfg.block_hc, 32 * cfg.num_warps) == (1, cfg.block_d)
+            else:
+                assert cfg.num_warps == tsm.COMBINE_WARPS
+    with pytest.raises(KernelInputError, match=f"1 to {tsm.MAX_SPLITS} splits"):
+        tsm.combine_config(tsm.MAX_SPLITS + 1, 16)
+
+
+def test_combine_refuses_scaled_partials_past_their_split_limit():
+    splits = tsm.SCALED_MAX_SPLITS + 1
+    device = torch.device("cpu")
+    output, lse = torch.empty(1, 16, tsm.MLA_CKV_DIM, dtype=torch.bfloat16), torch.empty(1, 16)
+    with pytest.raises(KernelInputError, match=f"scaled partials of at most {tsm.SCALED_MAX_SPLITS} splits"):
+        tsm.combine(tsm.scaled_split_partials(device, 1, splits, 16), None, output, lse, 1.0, 16, splits, 1)
+    assert hopper_mla.MAX_SPLITS <= tsm.SCALED_MAX_SPLITS  # the kernel that writes them never asks for more
 
 
 @pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")

@@ -138,7 +138,7 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     assert call(cache_tokens=0, q_stride=580) == bad_alignment  # an empty cache is valid: every id is masked
     assert call(q_stride=580) == bad_alignment and call(kv_a=fake + 8) == bad_alignment
     # Splits merged in a cluster: exactly 2 of them, and no partials needed.
-    for splits in (1, 3, 4, 16, 64):
+    for splits in (1, 3, 4, 16, 32):
         assert call(splits=splits, in_cluster=1) == bad_cluster
     assert call(splits=2, in_cluster=1, parts=(None,) * 4, q_stride=580) == bad_alignment
     # The kernel scales raw maxima: a positive logit scale only (the launcher maps sm_scale <= 0 onto one).
@@ -482,14 +482,13 @@ def test_gpu_index_patterns(pattern, suffix):
 @pytest.mark.gpu
 @on_sm90
 @pytest.mark.parametrize("heads", hopper_mla.HEADS)
-@pytest.mark.parametrize("num_splits", [1, 2, 7, 31, 32, 64])
+@pytest.mark.parametrize("num_splits", [1, 2, 7, 31, 32])
 @pytest.mark.parametrize("suffix", ["_lsee", "_fp8kv"])
 def test_gpu_any_split_count_is_exact(heads, num_splits, suffix):
     """FP8 at 128 heads runs in 2-CTA clusters from 2 blocks a CTA: 31 splits leave 66-67 tokens a
-    split (a second block of 2-3 valid tokens, clustered), 32 splits one block (alone), 64 splits
-    half a block (the combine's two steps of 32). Every split count but 2 writes fp16 partials with a
-    power of two per half row through shared memory; 2 splits merge in a cluster (but FP8 at 128 heads,
-    combined)."""
+    split (a second block of 2-3 valid tokens, clustered), 32 splits (the most) one block (alone). Every
+    split count but 2 writes fp16 partials with a power of two per half row through shared memory; 2
+    splits merge in a cluster (but FP8 at 128 heads, combined)."""
     definition = definition_name(heads, 2048, suffix)
     inputs = case_inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
     assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
@@ -531,7 +530,7 @@ def test_gpu_cluster_merge_of_short_splits(topk, suffix):
 def test_two_splits_merge_in_a_cluster_unless_fp8_head_groups_share_their_gather():
     assert hopper_mla.merges_in_cluster(2, 64, False) and hopper_mla.merges_in_cluster(2, 128, False)
     assert hopper_mla.merges_in_cluster(2, 64, True) and not hopper_mla.merges_in_cluster(2, 128, True)
-    assert not any(hopper_mla.merges_in_cluster(splits, 64, False) for splits in (1, 3, 4, 16, 64))
+    assert not any(hopper_mla.merges_in_cluster(splits, 64, False) for splits in (1, 3, 4, 16, 32))
 
 
 @pytest.mark.gpu

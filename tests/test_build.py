@@ -4,6 +4,7 @@ Triton AOT, and the run-time loader's errors."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -498,3 +499,45 @@ def test_build_reports_configurations_that_cannot_launch_as_errors(tmp_path, mon
     assert isinstance(result.exception, DsactlError), result.output
     assert str(result.exception).startswith("1 gate failure(s):") and "114688 B of shared memory" in str(result.exception)
     assert "big (cannot launch)" in result.output and "1 configurations cannot launch" in result.output
+
+
+def _loads_in_flight(cubin: Path) -> list[int]:
+    """For each global load of the cubin's SASS, in program order, how many loads were in flight (issued,
+    their destination register not yet read) when its destination is first read. Straight-line code
+    only (the combine kernel has no loop), and only a load's first destination register is followed."""
+    sass = subprocess.run([str(cuobjdump.cuobjdump_path()), "-sass", str(cubin)], capture_output=True, text=True,
+                          check=True).stdout
+    pending: set[str] = set()
+    found = []
+    for line in sass.splitlines():
+        match = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(?:@!?P\w+\s+)?(\S+)\s*([^;]*);", line)
+        if not match:
+            continue
+        opcode, operands = match.groups()
+        dest, _, sources = operands.partition(",")
+        read = set(re.findall(r"\bR\d+\b", sources))
+        if opcode.startswith(("LDG", "STG")):
+            read |= set(re.findall(r"\[(R\d+)", operands))  # addresses are read
+        for register in pending & read:
+            found.append(len(pending))
+            pending.discard(register)
+        if opcode.startswith("LDG") and (written := re.findall(r"\bR\d+\b", dest)):
+            pending.add(written[0])
+    return found
+
+
+@pytest.mark.filterwarnings(f"ignore:{COMPILE_WARNING}")
+def test_the_attention_combine_issues_its_splits_loads_before_their_sums(tmp_path, monkeypatch):
+    """Each combine configuration sums split by split with every split's loads already in flight: a
+    load's value is first read with at least splits / 2 loads outstanding (median). (A runtime loop over
+    groups of splits compiles to one split's loads, its sums, the next split's loads: two in flight.)"""
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    configs = [c for c in triton_aot.discover()
+               if c.unit == "attention.triton_sparse_mla" and c.name.startswith("sparse_mla_combine_")]
+    arch_dir = tmp_path / "sm90a"
+    rows, _ = triton_aot.build(configs, _arch("sm90a"), arch_dir, jobs=2, on_compiled=lambda *event: None)
+    assert rows and all(not row.spills for row in rows)
+    for config in configs:
+        splits = config.spec["constexprs"]["SPLITS_PAD"]
+        in_flight = sorted(_loads_in_flight(config.out_dir(arch_dir) / f"{config.name}.cubin"))
+        assert in_flight[len(in_flight) // 2] >= splits // 2, (config.name, in_flight)

@@ -107,7 +107,7 @@ constexpr int kCkvDim = 512;
 constexpr int kKpeDim = 64;
 constexpr int kQkDim = kCkvDim + kKpeDim;  // 576
 constexpr int kMaxTopk = 2048;             // the operator's largest topk
-constexpr int kMaxSplits = 64;             // the Triton combine's largest split count (MAX_SPLITS)
+constexpr int kMaxSplits = 32;             // a 64-token block a split; the combine's limit for fp16 partials
 constexpr int kMaxTokens = 65535;          // tokens are the grid's z dimension
 constexpr int kHeadsPerCta = 64;           // wgmma M: one warpgroup's accumulator rows
 constexpr int kBlockTokens = 64;           // tokens per ring stage (a 64-token page of indices)
@@ -650,7 +650,7 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
   const int* idx_ptr = split_id_ptr(p, w, j0);
   int j_left = w.n_mine - j0;
   constexpr int kBlockStepTokens = kBlockTokens - (kMyPasses - 1) * kTokensPerPass;
-  const int pass_step = kTokensPerPass * p.num_splits;     // < 2^31: num_splits <= 64
+  const int pass_step = kTokensPerPass * p.num_splits;     // < 2^31: num_splits <= 32
   const int block_step = kBlockStepTokens * p.num_splits;
   const auto next_index = [&](bool block_end) {
     const int idx = j_left > 0 ? __ldg(idx_ptr) : -1;
@@ -1571,9 +1571,9 @@ const char* dsa_hopper_mla_error_string(int code) {
   switch (code) {
     case kOk: return "ok";
     case kBadShape:
-      static_assert(kBlockTokens == 64 && kMaxTopk == 2048 && kMaxSplits == 64 && kMaxTokens == 65535,
+      static_assert(kBlockTokens == 64 && kMaxTopk == 2048 && kMaxSplits == 32 && kMaxTokens == 65535,
                     "the message below spells these limits out");
-      return "heads must be 16, 32, 64 or 128, topk a multiple of 64 in [64, 2048], num_splits in [1, 64], tokens <= 65535, "
+      return "heads must be 16, 32, 64 or 128, topk a multiple of 64 in [64, 2048], num_splits in [1, 32], tokens <= 65535, "
              "cache_tokens >= 0";
     case kBadAlignment: return "pointers must be 16-byte aligned and row strides multiples of 8 elements";
     case kNullPointer: return "null device pointer";

@@ -62,7 +62,7 @@ CAPABILITY = HOPPER_CAPABILITY
 # The split formula of the Triton kernel, with this kernel's tile: 64 heads x 64 tokens per step,
 # one CTA per SM (its 227 KB of shared memory fill one).
 TILE = tsm.Config(block_h=HEADS_PER_CTA, block_n=BLOCK_TOKENS, num_warps=12, num_stages=2)
-MAX_SPLITS = tsm.MAX_SPLITS  # the combine kernel's limit
+MAX_SPLITS = tsm.SCALED_MAX_SPLITS  # a split per 64-token block of topk 2048; the combine's limit for its partials
 MAX_TOKENS = 65535  # tokens are the kernel grid's z dimension
 CLUSTER_SPLITS = 2  # the one split count merged in a cluster (hopper_mla.cu, kClusterSplits, says why)
 KV_BF16, KV_FP8, KV_STAGED = 0, 1, 2  # the kernel's kv_format (hopper_mla.cu, KvFormat)

@@ -60,15 +60,20 @@ H200_NUM_SMS = 132
 # combine than they save.
 MAX_SPLITS = 64
 # A combine program reduces a [heads, splits, COMBINE_BLOCK_D] block of partials of at most
-# COMBINE_TILE values, all loaded before they are summed (64 registers a thread with 4 warps); fewer
-# splits, more heads. Contest suite mean (H200, a [heads, splits, columns] tile reduced at once): 64
-# columns 9.22 us, 128 columns 9.52, 32 columns 9.47; 64 columns with a 4096-value tile 9.68.
+# COMBINE_TILE values, all loaded before they are summed; fewer splits, more heads. Contest suite mean
+# (H200, a [heads, splits, columns] tile reduced at once): 64 columns 9.22 us, 128 columns 9.52, 32
+# columns 9.47; 64 columns with a 4096-value tile 9.68.
 COMBINE_BLOCK_D = 64
 COMBINE_TILE = 8192
 COMBINE_WARPS = 4
-# Splits the combine unrolls, their loads all issued before their sums: up to 32 at once (193 registers a
-# thread, sm_90a); 64 spilled, so more splits go in steps of 32.
-COMBINE_UNROLL = 32
+# A thread holds every split's values, max and sum (scaled: and factor) at once. Past this many splits a
+# program takes one head on two warps, a value a thread: 188 registers at 64 splits (sm_90a), where two
+# heads on four warps spilled.
+COMBINE_ONE_HEAD_PAST = 32
+# Scaled partials (scaled_split_partials: the Hopper kernel's, whose splits hold a 64-token block at least,
+# 32 of topk 2048) come in at most this many splits: at 64 a thread would hold each split's values, max, sum
+# and factor, 256 registers, which spills.
+SCALED_MAX_SPLITS = 32
 
 # The most index positions a split holds at once (the split kernels load their split's ids once,
 # before the loop; see _split_ids): tl.gather stages them in shared memory, 4 bytes each, 8 KB beside
@@ -81,7 +86,6 @@ ROW_IDS_MIN = 256
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _COMBINE_TILE = tl.constexpr(COMBINE_TILE)
-_COMBINE_UNROLL = tl.constexpr(COMBINE_UNROLL)
 # Scaled partials (scaled_split_partials): fp16 values, each half row with its own power-of-two factor.
 SCALE_COLUMNS = MLA_CKV_DIM // 2
 _SCALE_COLUMNS = tl.constexpr(SCALE_COLUMNS)
@@ -489,34 +493,29 @@ def _sparse_mla_combine_kernel(
     heads = tl.program_id(1) * BLOCK_HC + tl.arange(0, BLOCK_HC)
     t = tl.program_id(2)
     d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
-    # Split by split, unrolled (in steps of COMBINE_UNROLL splits past that many): every thread sums its
-    # own [heads, columns] elements over the splits in registers, a step's loads all issued before their
-    # sums. (One [heads, splits, columns] tile reduced over splits spread the splits over threads and
-    # warps: a shuffle and shared-memory reduction.)
-    STEP: tl.constexpr = min(SPLITS_PAD, _COMBINE_UNROLL)
+    # Split by split, unrolled: every thread sums its own [heads, columns] elements over the splits in
+    # registers, all their loads issued before their sums. (One [heads, splits, columns] tile reduced over
+    # splits spread the splits over threads and warps: a shuffle and shared-memory reduction. A runtime loop
+    # over groups of splits issued each split's loads just before its sums: about two in flight.)
     m_all = tl.full([BLOCK_HC], float("-inf"), tl.float32)
-    for s0 in tl.range(0, SPLITS_PAD // STEP):
-        for j in tl.static_range(STEP):
-            s = s0 * STEP + j
-            part = (t * num_splits + s) * num_heads + heads
-            live = tl.full([BLOCK_HC], s, tl.int32) < num_splits  # a tensor: the interpreter takes no scalar mask
-            m_all = tl.maximum(m_all, tl.load(part_m_ptr + part, mask=live, other=float("-inf")))
+    for s in tl.static_range(SPLITS_PAD):
+        part = (t * num_splits + s) * num_heads + heads
+        live = tl.full([BLOCK_HC], s, tl.int32) < num_splits  # a tensor: the interpreter takes no scalar mask
+        m_all = tl.maximum(m_all, tl.load(part_m_ptr + part, mask=live, other=float("-inf")))
     ref = tl.where(m_all == float("-inf"), 0.0, m_all)  # empty splits weigh 0
     acc = tl.zeros([BLOCK_HC, BLOCK_D], tl.float32)
     l_all = tl.zeros([BLOCK_HC], tl.float32)
-    for s0 in tl.range(0, SPLITS_PAD // STEP):
-        for j in tl.static_range(STEP):
-            s = s0 * STEP + j
-            part = (t * num_splits + s) * num_heads + heads
-            live = tl.full([BLOCK_HC], s, tl.int32) < num_splits
-            values = tl.load(part_acc_ptr + part[:, None].to(tl.int64) * _D_CKV + d[None, :], mask=live[:, None],
-                             other=0.0)
-            w = tl.exp2(tl.load(part_m_ptr + part, mask=live, other=float("-inf")) - ref)
-            l_all += w * tl.load(part_l_ptr + part, mask=live, other=0.0)
-            if SCALED:
-                half = chunk * BLOCK_D // _SCALE_COLUMNS
-                w *= tl.load(part_scale_ptr + part * (_D_CKV // _SCALE_COLUMNS) + half, mask=live, other=0.0)
-            acc += w[:, None] * values.to(tl.float32)
+    for s in tl.static_range(SPLITS_PAD):
+        part = (t * num_splits + s) * num_heads + heads
+        live = tl.full([BLOCK_HC], s, tl.int32) < num_splits
+        values = tl.load(part_acc_ptr + part[:, None].to(tl.int64) * _D_CKV + d[None, :], mask=live[:, None],
+                         other=0.0)
+        w = tl.exp2(tl.load(part_m_ptr + part, mask=live, other=float("-inf")) - ref)
+        l_all += w * tl.load(part_l_ptr + part, mask=live, other=0.0)
+        if SCALED:
+            half = chunk * BLOCK_D // _SCALE_COLUMNS
+            w *= tl.load(part_scale_ptr + part * (_D_CKV // _SCALE_COLUMNS) + half, mask=live, other=0.0)
+        acc += w[:, None] * values.to(tl.float32)
     out, lse = _finalize(acc, m_all, l_all, sink_ptr, heads, has_sink, lse_scale)
     tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + d[None, :], out.to(tl.bfloat16))
     if chunk == 0:
@@ -700,7 +699,7 @@ def launch_splits(table: Table, num_tokens: int, heads: int, topk: int, fp8kv: b
 @dataclass(frozen=True)
 class CombineConfig:
     splits_pad: int  # splits padded to a power of two
-    block_hc: int  # heads per program: as many as fit in COMBINE_TILE
+    block_hc: int  # heads per program: as many as fit in COMBINE_TILE (one past COMBINE_ONE_HEAD_PAST splits)
     block_d: int  # columns per program
     num_warps: int
 
@@ -708,10 +707,11 @@ class CombineConfig:
 @functools.lru_cache(maxsize=None)
 def combine_config(num_splits: int, heads: int) -> CombineConfig:
     """The combine's launch for `num_splits` splits of `heads` heads (fp32 or scaled fp16 partials)."""
+    _check(1 <= num_splits <= MAX_SPLITS, f"the combine merges 1 to {MAX_SPLITS} splits, got {num_splits}")
     splits_pad = max(2, next_power_of_2(num_splits))
+    if splits_pad > COMBINE_ONE_HEAD_PAST:
+        return CombineConfig(splits_pad, 1, COMBINE_BLOCK_D, COMBINE_BLOCK_D // 32)
     block_hc = min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
-    _check(block_hc >= 1,
-           f"{num_splits} splits x {COMBINE_BLOCK_D} columns exceed the combine tile of {COMBINE_TILE} values")
     return CombineConfig(splits_pad, block_hc, COMBINE_BLOCK_D, COMBINE_WARPS)
 
 
@@ -751,6 +751,8 @@ def combine(partials: tuple[torch.Tensor, ...], attn_sink: torch.Tensor | None, 
     """Merge split_partials() or scaled_split_partials() into output and lse (exact fp32 log-sum-exp
     merge, sink included)."""
     part_acc, part_m, part_l, *scale = partials
+    _check(not scale or splits <= SCALED_MAX_SPLITS,
+           f"the combine merges scaled partials of at most {SCALED_MAX_SPLITS} splits, got {splits}")
     cfg = combine_config(splits, heads)
     _sparse_mla_combine_kernel[(MLA_CKV_DIM // cfg.block_d, heads // cfg.block_hc, num_tokens)](
         part_acc, part_m, part_l, scale[0] if scale else part_m, attn_sink if attn_sink is not None else lse,
@@ -962,7 +964,7 @@ def aot_specs() -> list[dict]:
     combines = sorted({combine_config(splits, heads) for heads in HEADS for splits in range(2, MAX_SPLITS + 1)},
                       key=lambda c: (c.splits_pad, c.block_hc))
     for scaled in (False, True):  # fp32 partials, and the Hopper kernel's scaled fp16 ones
-        for cfg in combines:
+        for cfg in (c for c in combines if not scaled or c.splits_pad <= SCALED_MAX_SPLITS):
             constexprs = {"SPLITS_PAD": cfg.splits_pad, "BLOCK_HC": cfg.block_hc, "BLOCK_D": cfg.block_d,
                           "SCALED": scaled}
             specs.append({
