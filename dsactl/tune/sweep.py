@@ -156,7 +156,8 @@ def report(results: Sequence[BucketResult], command: str) -> dict[str, Any]:
 
     buckets = []
     for r in results:
-        best, hand, fastest = r.winner, us(r.default), us(r.winner)
+        best = r.winner
+        hand, fastest = us(r.default), us(best)
         buckets.append({
             "family": r.family, "bucket": r.bucket, "gpu": r.gpu,
             "capability": list(r.capability) if r.capability else None, "method": r.method,

@@ -751,8 +751,8 @@ def combine(partials: tuple[torch.Tensor, ...], attn_sink: torch.Tensor | None, 
     """Merge split_partials() or scaled_split_partials() into output and lse (exact fp32 log-sum-exp
     merge, sink included)."""
     part_acc, part_m, part_l, *scale = partials
-    _check(not scale or splits <= SCALED_MAX_SPLITS,
-           f"the combine merges scaled partials of at most {SCALED_MAX_SPLITS} splits, got {splits}")
+    if scale and splits > SCALED_MAX_SPLITS:  # formatted only on failure: this runs on every split call
+        _fail(f"the combine merges scaled partials of at most {SCALED_MAX_SPLITS} splits, got {splits}")
     cfg = combine_config(splits, heads)
     _sparse_mla_combine_kernel[(MLA_CKV_DIM // cfg.block_d, heads // cfg.block_hc, num_tokens)](
         part_acc, part_m, part_l, scale[0] if scale else part_m, attn_sink if attn_sink is not None else lse,
