@@ -62,14 +62,16 @@ def builds(tmp_path_factory):
 @needs_nvcc
 def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds):
     rows, arch_dir = builds["sm90a"]
-    # (FP8 KV, CTAs sharing one gather, Q by TMA, FP8 staged as fp16 rows): bf16 alone, Q by cp.async (long
-    # splits) or TMA (short); FP8 alone (64 heads) and in 2-CTA clusters (128); FP8 staged, alone.
+    # (FP8 KV, CTAs sharing one gather, Q by TMA, FP8 staged as fp16 rows, L2 prefetch): bf16 alone, Q by
+    # cp.async (long splits) or TMA (short); FP8 alone (64 heads), with the L2 prefetch (whole rows) and in
+    # 2-CTA clusters (128); FP8 staged, alone.
     kernel = "hopper_mla::hopper_mla_kernel"
-    assert {(r.kernel, r.configuration) for r in rows} == {(kernel, "false, 1, false, false"),
-                                                           (kernel, "false, 1, true, false"),
-                                                           (kernel, "true, 1, false, false"),
-                                                           (kernel, "true, 2, false, false"),
-                                                           (kernel, "true, 1, false, true")}
+    assert {(r.kernel, r.configuration) for r in rows} == {(kernel, "false, 1, false, false, false"),
+                                                           (kernel, "false, 1, true, false, false"),
+                                                           (kernel, "true, 1, false, false, false"),
+                                                           (kernel, "true, 1, false, false, true"),
+                                                           (kernel, "true, 2, false, false, false"),
+                                                           (kernel, "true, 1, false, true, false")}
     for row in rows:
         assert (row.spill_stores, row.spill_loads, row.stack_frame, row.local) == (0, 0, 0, 0), row
         # __launch_bounds__(384, 1): the entry register count is the file's 65536 / 384, rounded down to 8.
@@ -88,14 +90,17 @@ def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds
     # Short bf16 splits take Q by TMA: the 8 ckv boxes and the kpe box, in that kernel alone.
     kernels = dict(re.findall(r"Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S))
     tma = [name for name, body in kernels.items() if "UTMALDG.3D" in body]
-    assert len(tma) == 1 and "ILb0ELi1ELb1ELb0E" in tma[0], list(kernels)
+    assert len(tma) == 1 and "ILb0ELi1ELb1ELb0ELb0E" in tma[0], list(kernels)
     assert kernels[tma[0]].count("UTMALDG.3D") == 9
+    # The L2 prefetch (prefetch.global.L2) in the FP8 kernel that asks for it alone.
+    prefetching = [name for name, body in kernels.items() if "CCTL.E.PF2" in body]
+    assert len(prefetching) == 1 and "ILb1ELi1ELb0ELb0ELb1E" in prefetching[0], list(kernels)
 
 
 @needs_nvcc
 def test_builds_for_sm100a_with_a_trapping_body(builds):
     rows, arch_dir = builds["sm100a"]
-    assert len(rows) == 5 and all(not r.spills and r.local == 0 for r in rows)
+    assert len(rows) == 6 and all(not r.spills and r.local == 0 for r in rows)
     assert "warning" not in build_cuda.log_path(arch_dir, cuda_library.find(hopper_mla.LIBRARY)).read_text()
     sass = subprocess.run([str(cuobjdump.cuobjdump_path()), "-sass", str(arch_dir / "libhopper_mla.so")],
                           capture_output=True, text=True, check=True).stdout
@@ -492,6 +497,20 @@ def test_gpu_any_split_count_is_exact(heads, num_splits, suffix):
     definition = definition_name(heads, 2048, suffix)
     inputs = case_inputs(definition, 4, 128, "cuda", seed=num_splits, pattern="scattered", valid=(2048, 5, 0, 1000))
     assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
+
+
+@pytest.mark.gpu
+@on_sm90
+@pytest.mark.parametrize("heads", [32, 64])
+@pytest.mark.parametrize("pattern", ["scattered", "duplicates", "tail", "empty"])
+@pytest.mark.parametrize("suffix", ["_fp8kv", "_fp8kv_lsee"])
+def test_gpu_fp8_rows_gathered_with_the_l2_prefetch_are_exact(heads, pattern, suffix):
+    """One split of a 2048-token row at 32 or 64 heads with FP8 KV takes the producer that also asks the L2
+    for the tokens a block ahead: its second index stream stops where the row's ids stop."""
+    definition = definition_name(heads, 2048, suffix)
+    params = {"pattern": pattern, **({"valid": (2048, 1, 65, 2047, 0, 1000)} if pattern == "tail" else {})}
+    inputs = case_inputs(definition, 6, 128, "cuda", seed=heads + len(pattern), **params)
+    assert_matches_reference(definition, inputs, _call(definition, inputs, 1))
 
 
 @pytest.mark.gpu

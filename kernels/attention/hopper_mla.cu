@@ -122,6 +122,12 @@ constexpr int kClusterHeads = 128;  // FP8 at this many heads: the two head grou
 // than the halved dequantization saves (H200, h128 T=1 FP8, 32 splits: 17.7-17.8 us clustered
 // against 16.9-17.0 alone; T=8, 8 splits of 4 blocks: 39.2 against 41.2).
 constexpr int kClusterMinBlocks = 2;
+// FP8 without the cluster: the producer asks the L2 for its tokens a block ahead (produce_fp8) when a
+// split has at least this many. H100, topk 2048, A/B/B/A in one run, us without -> with, 64 heads: 32
+// blocks a split (T >= 96) T=128 123.8 -> 121.7, T=256 241.4 -> 230.5, T=512 475.1 -> 441.8 (32 heads
+// alike); 8 blocks (T=32) 41.3 -> 42.4; 2 (T=8) 22.1 -> 23.4; in between, unmeasured. The cluster's
+// producers (128 heads) lost with it: T=256 385.2 -> 402.9.
+constexpr int kL2PrefetchMinTokens = 32 * kBlockTokens;
 // bf16 loads Q by TMA in splits of at most this many blocks, where Q's load is a large part of the
 // CTA's time; longer splits copy it with every thread first (H200, shipped cp.async against TMA, A/B/A:
 // TMA 0.3-1.4 us faster at 2-4 blocks a split, h64 T=8 17.90 -> 16.53; 1-5% slower
@@ -634,7 +640,8 @@ __device__ __forceinline__ void send_pass(const Smem& sm, int stage, int first_t
   bulk_copy_to_peer(codes + peer_delta, codes, kPassCodeBytes, peer_full);
 }
 
-template <int kPeers>
+// kL2Prefetch: besides the pass in registers, ask the L2 for this lane's tokens a block ahead (below).
+template <int kPeers, bool kL2Prefetch>
 __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int rank, uint32_t peer_delta) {
   constexpr int kMyPasses = kPasses / kPeers;
   static_assert(kPasses % kPeers == 0, "the peers split every block's passes evenly");
@@ -652,21 +659,54 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
   constexpr int kBlockStepTokens = kBlockTokens - (kMyPasses - 1) * kTokensPerPass;
   const int pass_step = kTokensPerPass * p.num_splits;     // < 2^31: num_splits <= 32
   const int block_step = kBlockStepTokens * p.num_splits;
-  const auto next_index = [&](bool block_end) {
-    const int idx = j_left > 0 ? __ldg(idx_ptr) : -1;
-    idx_ptr += block_end ? block_step : pass_step;
-    j_left -= block_end ? kBlockStepTokens : kTokensPerPass;
+  const auto next_index = [&](const int*& ptr, int& left, bool block_end) {
+    const int idx = left > 0 ? __ldg(ptr) : -1;
+    ptr += block_end ? block_step : pass_step;
+    left -= block_end ? kBlockStepTokens : kTokensPerPass;
     return idx;
   };
-  Fp8Slice even = load_fp8(p, next_index(kMyPasses == 1));
-  int idx_next = next_index(kMyPasses == 2);
+  // The L2 prefetch stream: the same lane's positions one block (kMyPasses passes) ahead, asked of the
+  // L2 while the pass a block before them is converted, each of a token's lanes naming one 128-byte line
+  // of its 656 bytes (they span 6 or 7). The pass in registers keeps 16 tokens (10.5 KB) in flight a CTA:
+  // at a microsecond's latency about 1.4 TB/s over the GPU, the rate this producer ran at without the
+  // stream (h64 T=256, 344 MB in 222.9 us, H200). Each prefetch's index is read a pass before it is used,
+  // so the prefetch never waits for it.
+  const int* pf_ptr = idx_ptr + kBlockTokens * p.num_splits;
+  int pf_left = j_left - kBlockTokens;
+  static_assert(kLanesPerToken * 128 >= kFp8TokenBytes + 127, "a token's lanes name every line it touches");
+  const int pf_offset = min(static_cast<int>(threadIdx.x % kLanesPerToken) * 128, kFp8TokenBytes - 1);
+  const auto prefetch = [&](int idx) {
+    if (in_cache(p, idx)) {
+      prefetch_l2(static_cast<const uint8_t*>(p.kv_a) + static_cast<long long>(idx) * kFp8TokenBytes + pf_offset);
+    }
+  };
+  Fp8Slice even = load_fp8(p, next_index(idx_ptr, j_left, kMyPasses == 1));
+  int idx_next = next_index(idx_ptr, j_left, kMyPasses == 2);
+  int pf_next = -1;
+  if constexpr (kL2Prefetch) {
+    pf_next = next_index(pf_ptr, pf_left, kMyPasses == 1);
+    // The first block's passes past the two the registers take (the stream starts a block ahead).
+    int first_block[kMyPasses > 2 ? kMyPasses - 2 : 1];
+#pragma unroll
+    for (int k = 2; k < kMyPasses; ++k) {
+      const int j = j0 + k * kTokensPerPass;
+      first_block[k - 2] = j < w.n_mine ? split_id(p, w, j) : -1;
+    }
+#pragma unroll
+    for (int k = 2; k < kMyPasses; ++k) prefetch(first_block[k - 2]);
+  }
   const int passes = w.num_blocks * kMyPasses;
   // One pass: convert and store `cur` (pass q), after loading the next pass's slice into `nxt`.
   const auto pass = [&](int q, const Fp8Slice& cur, Fp8Slice& nxt) {
     const int k = q % kMyPasses;
     const int b = q / kMyPasses;
     const int stage = b % kStages;
-    const int idx_after = next_index((q + 2) % kMyPasses == kMyPasses - 1);
+    const int idx_after = next_index(idx_ptr, j_left, (q + 2) % kMyPasses == kMyPasses - 1);
+    if constexpr (kL2Prefetch) {
+      const int pf_after = next_index(pf_ptr, pf_left, (q + 1) % kMyPasses == kMyPasses - 1);
+      prefetch(pf_next);
+      pf_next = pf_after;
+    }
     nxt = load_fp8(p, idx_next);  // past the last block: masked, zeros, no read
     idx_next = idx_after;
     if (k == 0 && b >= kStages) {
@@ -1310,13 +1350,14 @@ __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, cons
 // Grid (head group, split, token); the head groups of one (token, split) are adjacent so that
 // their identical gathers hit L2, and form the cluster when kPeers = 2 (cluster dims (kPeers, 1, 1)).
 // kStaged: FP8 KV staged as fp16 rows (produce_rows); the rest of the kernel is the FP8 path's.
-template <bool kFp8, int kPeers, bool kQTma, bool kStaged>
+template <bool kFp8, int kPeers, bool kQTma, bool kStaged, bool kL2Prefetch>
 __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_constant__ Params p,
                                                                   const __grid_constant__ QMapsOf<kQTma> q_maps) {
   static_assert(kPeers == 1 || (kPeers == 2 && kFp8 && !kStaged),
                 "only the FP8 producer shares its gather, with one peer");
   static_assert(!kStaged || kFp8, "staged rows run the FP8 path's fp16 consumers");
   static_assert(!(kFp8 && kQTma), "FP8 converts Q in its consumers; only bf16 loads it by TMA");
+  static_assert(!kL2Prefetch || (kFp8 && !kStaged && kPeers == 1), "only the unshared FP8 gather prefetches");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
@@ -1369,7 +1410,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   if (warpgroup == 0) {
     setmaxnreg_dec<Regs<kFp8>::kProducer>();
     if constexpr (kFp8 && !kStaged) {
-      produce_fp8<kPeers>(p, sm, w, rank, peer_delta);
+      produce_fp8<kPeers, kL2Prefetch>(p, sm, w, rank, peer_delta);
     } else {
       produce_rows<kStaged>(p, sm, w);
     }
@@ -1411,7 +1452,7 @@ enum ErrorCode : int {
 enum KvFormat : int { kKvBf16 = 0, kKvFp8 = 1, kKvStaged = 2 };
 
 constexpr int kMaxDevices = 64;
-template <bool kFp8, int kPeers, bool kQTma, bool kStaged>
+template <bool kFp8, int kPeers, bool kQTma, bool kStaged, bool kL2Prefetch>
 bool g_configured[kMaxDevices] = {};
 
 bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 == 0; }
@@ -1455,23 +1496,23 @@ int q_tensor_maps(const Params& p, int num_tokens, QMaps& maps) {
   return kOk;
 }
 
-template <bool kFp8, int kPeers, bool kQTma, bool kStaged = false>
+template <bool kFp8, int kPeers, bool kQTma, bool kStaged = false, bool kL2Prefetch = false>
 int launch(const Params& p, int num_tokens, cudaStream_t stream, const QMapsOf<kQTma>& q_maps = {}) {
   int device = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err != cudaSuccess) return err;
   if (device >= kMaxDevices) return kBadShape;
   // Once per device and kernel: a device that passed the arch check keeps passing it.
-  if (!g_configured<kFp8, kPeers, kQTma, kStaged>[device]) {
+  if (!g_configured<kFp8, kPeers, kQTma, kStaged, kL2Prefetch>[device]) {
     int major = 0, minor = 0;
     err = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
     if (err == cudaSuccess) err = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
     if (err != cudaSuccess) return err;
     if (major != 9 || minor != 0) return kUnsupportedArch;  // the wgmma body is compiled for sm_90a only
-    err = cudaFuncSetAttribute(hopper_mla_kernel<kFp8, kPeers, kQTma, kStaged>,
+    err = cudaFuncSetAttribute(hopper_mla_kernel<kFp8, kPeers, kQTma, kStaged, kL2Prefetch>,
                                cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes);
     if (err != cudaSuccess) return err;
-    g_configured<kFp8, kPeers, kQTma, kStaged>[device] = true;
+    g_configured<kFp8, kPeers, kQTma, kStaged, kL2Prefetch>[device] = true;
   }
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
@@ -1485,7 +1526,7 @@ int launch(const Params& p, int num_tokens, cudaStream_t stream, const QMapsOf<k
   config.stream = stream;
   config.attrs = &cluster;
   config.numAttrs = 1;
-  return cudaLaunchKernelEx(&config, hopper_mla_kernel<kFp8, kPeers, kQTma, kStaged>, p, q_maps);
+  return cudaLaunchKernelEx(&config, hopper_mla_kernel<kFp8, kPeers, kQTma, kStaged, kL2Prefetch>, p, q_maps);
 }
 
 }  // namespace
@@ -1564,7 +1605,9 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
   // The head groups' shared gather and the splits' merge are two kinds of cluster; one at a time.
   const bool cluster = heads == kClusterHeads && split0_tokens > kBlockTokens * (kClusterMinBlocks - 1) &&
                        !reduce_in_cluster;
-  return cluster ? launch<true, 2, false>(p, num_tokens, stream) : launch<true, 1, false>(p, num_tokens, stream);
+  if (cluster) return launch<true, 2, false>(p, num_tokens, stream);
+  return split0_tokens >= kL2PrefetchMinTokens ? launch<true, 1, false, false, true>(p, num_tokens, stream)
+                                               : launch<true, 1, false>(p, num_tokens, stream);
 }
 
 const char* dsa_hopper_mla_error_string(int code) {

@@ -264,6 +264,8 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
 }
+// Asks the L2 for the 128-byte line holding `p`: no register, no completion to wait for, nothing to the SM.
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 // 16-byte read-only global load that does not allocate in L1 (streamed once).
 __device__ __forceinline__ uint4 ld_global_nc_v4(const void* p) {
   uint4 v;
