@@ -686,7 +686,8 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
   if constexpr (kL2Prefetch) {
     pf_next = next_index(pf_ptr, pf_left, kMyPasses == 1);
     // The first block's passes past the two the registers take (the stream starts a block ahead).
-    int first_block[kMyPasses > 2 ? kMyPasses - 2 : 1];
+    static_assert(kMyPasses > 2, "the registers take two passes of the first block; the stream the rest");
+    int first_block[kMyPasses - 2];
 #pragma unroll
     for (int k = 2; k < kMyPasses; ++k) {
       const int j = j0 + k * kTokensPerPass;
