@@ -26,3 +26,10 @@ def die_once(marker: str, fn, job):
 
 def always_die(job):
     os._exit(4)
+
+
+def torch_threads(job):
+    """The threads this worker's torch runs CPU work on (torch is imported here, not at the top)."""
+    import torch
+
+    return torch.get_num_threads()

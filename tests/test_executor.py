@@ -22,9 +22,10 @@ import pytest
 from dsactl import executor
 from dsactl.errors import DsactlError
 from dsactl.executor.host import HostExecutor, _visible, host_gpus
+from dsactl.executor.placement import cpu_share, host_cpus
 from dsactl.verify import runner
 from dsactl.workloads import select
-from executor_jobs import always_die, die_once, square
+from executor_jobs import always_die, die_once, square, torch_threads
 
 # Small workloads, Triton under the interpreter included (empty rows: milliseconds), and a failing solution.
 WORKLOADS = ["hostile-attention-empty-h16-bf16", "hostile-attention-empty-h16-fp8", "hostile-after-topk",
@@ -141,6 +142,16 @@ def test_host_executor_reports_a_job_that_kills_every_worker_once_with_the_reaso
     assert (len(died), len(left)) == (2, 1), [d.error for d in done]
 
 
+def test_a_worker_gets_its_share_of_the_host_cpus():
+    assert (cpu_share(16, 4), cpu_share(16.0, 1), cpu_share(3, 8), cpu_share(8, 0)) == (4, 16, 1, 8)
+    ex = HostExecutor(["0", "1"])
+    try:
+        done = list(ex.map(torch_threads, list(range(4))))
+    finally:
+        ex.close()
+    assert [d.result for d in done] == [cpu_share(host_cpus(), 2)] * 4
+
+
 def test_host_gpus_are_checked_against_the_driver(monkeypatch):
     monkeypatch.setattr("dsactl.device.driver_gpu_count", lambda: 2)
     assert host_gpus(None) == ["0", "1"] and host_gpus(["1"]) == ["1"]
@@ -208,6 +219,20 @@ def test_verify_on_ray_gives_the_plain_run_verdicts(local_ray, local_report):
     assert report.count("failed") == 1, "the broken solution fails there as here"
     assert report.skipped == local_report.skipped
     assert all(r.gpu == "cpu" and r.host for r in report.results)
+
+
+def test_a_gpu_actor_takes_its_nodes_cpus_over_its_gpus(local_ray, monkeypatch):
+    from dsactl.executor import placement
+    from dsactl.executor.ray_cluster import RayWorker
+
+    given = []
+    monkeypatch.setattr(placement, "use_threads", given.append)
+    monkeypatch.setattr("dsactl.device.has_cuda_gpu", lambda: True)
+    RayWorker._share_node_cpus()
+    assert given == [2], "the local cluster: 2 CPUs, no GPU resource (as one)"
+    monkeypatch.setattr("dsactl.device.has_cuda_gpu", lambda: False)
+    RayWorker._share_node_cpus()
+    assert given == [2], "an actor on a CPU keeps the CPU it reserved"
 
 
 def test_a_ray_actor_killed_mid_run_is_restarted_and_its_workload_rerun(local_ray, tmp_path, local_report):

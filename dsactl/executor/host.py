@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Sequence
 from dsactl.errors import DsactlError
 from dsactl.executor import Done, Placement
 from dsactl.executor.dispatch import WorkerLost, dispatch
-from dsactl.executor.placement import capability, warm_up
+from dsactl.executor.placement import capability, cpu_share, host_cpus, warm_up
 
 RETRIES = 1  # workers a job may cost before it is reported as failed (a kernel that kills its process)
 RESTARTS = 2  # fresh workers a GPU gets after losing one; then its jobs go to the other GPUs
@@ -44,12 +44,13 @@ def host_gpus(ids: list[str] | None) -> list[str]:
     return ids
 
 
-def _pin(visible: str) -> None:
+def _pin(visible: str, threads: int) -> None:
     # Runs first in the worker, before torch can initialize CUDA.
     os.environ["CUDA_VISIBLE_DEVICES"] = visible
-    from dsactl.executor.placement import use_interpreter_without_gpu
+    from dsactl.executor.placement import use_interpreter_without_gpu, use_threads
 
     use_interpreter_without_gpu()
+    use_threads(threads)
 
 
 def _run(fn: Callable[[Any], Any], job: Any) -> tuple[Any, Placement]:
@@ -95,7 +96,7 @@ class _HostWorkers:
 
     def _spawn(self, gpu: str, restarts: int = 0) -> _Worker:
         pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=_pin,
-                                   initargs=(_visible(gpu),))
+                                   initargs=(_visible(gpu), cpu_share(host_cpus(), len(self.gpus))))
         warm = pool.submit(warm_up)  # starts the process now; one that dies warming up is lost by its first job
         worker = _Worker(gpu, pool, warm, restarts)
         self.live.append(worker)

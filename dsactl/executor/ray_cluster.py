@@ -153,7 +153,23 @@ class RayWorker:
         from dsactl.executor.placement import use_interpreter_without_gpu, warm_up
 
         use_interpreter_without_gpu()
+        self._share_node_cpus()
         warm_up()
+
+    @staticmethod
+    def _share_node_cpus() -> None:
+        """A GPU actor reserves no CPU, so Ray starts it with one thread: give it its node's CPUs over the
+        node's GPUs instead (placement.use_threads). An actor on a CPU keeps the one CPU it reserved."""
+        import ray
+
+        from dsactl.device import has_cuda_gpu
+        from dsactl.executor.placement import cpu_share, use_threads
+
+        if not has_cuda_gpu():
+            return
+        node = ray.get_runtime_context().get_node_id()
+        resources = next((n["Resources"] for n in ray.nodes() if n["NodeID"] == node), {})
+        use_threads(cpu_share(resources.get("CPU", 1), int(resources.get("GPU", 1))))
 
     def ping(self) -> bool:
         return True
