@@ -2,7 +2,8 @@
 none to make (a packed bundle), a build of the sources beside this file, made here on first use.
 
 Sources: every kernels/<stage>/<name>.cu whose name does not start with "_" builds lib<name>.so;
-the headers of its folder are its dependencies. Their hash (fingerprint) tells a build is stale.
+the headers of its folder and those of kernels/ itself (PTX wrappers the stages share) are its
+dependencies. Their hash (fingerprint) tells a build is stale.
 
 Where lib<name>.so comes from depends on where these sources live:
 - in a source checkout (pyproject.toml beside kernels/: <repo>/build), installed as the package
@@ -62,14 +63,19 @@ class CudaSource:
 
     @property
     def headers(self) -> list[Path]:
-        return sorted(p for p in self.path.parent.iterdir() if p.suffix in HEADER_SUFFIXES)
+        """Its folder's headers, then those of kernels/ (shared by every stage)."""
+        return [*_headers(self.path.parent), *_headers(self.path.parent.parent)]
 
     def fingerprint(self) -> str:
-        """Hash of the .cu and its folder's headers: what a built library was made from."""
+        """Hash of the .cu and its headers: what a built library was made from."""
         digest = hashlib.sha256()
         for path in [self.path, *self.headers]:
             digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
         return digest.hexdigest()
+
+
+def _headers(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.suffix in HEADER_SUFFIXES)
 
 
 def kernels_root() -> Path:

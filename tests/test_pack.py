@@ -28,20 +28,20 @@ TOPK = "dsa_topk_page_transform_topk2048_ps64"
 TINY_WORKLOAD = "edge-topk-len65"  # three rows of at most 65 scores: the float32 reference runs in milliseconds
 KERNELS = Path(cuda_library.__file__).resolve().parent
 TOPK_CUDA = ["kernels/topk/topk.cu", "kernels/topk/topk_cluster.cuh", "kernels/topk/topk_common.cuh",
-             "kernels/topk/topk_row.cuh"]
+             "kernels/topk/topk_row.cuh", "kernels/ptx.cuh"]
 # Both indexer solutions run solution.py, which holds the fused entry beside the default one: both CUDA
-# libraries of kernels/topk, each source once, their folder's headers with the first.
+# libraries of kernels/topk, each source once, their folder's headers and kernels/'s with the first.
 INDEXER_FILES = [
     "kernels/__init__.py", "kernels/bad_index.py", "kernels/cuda_library.py", "kernels/errors.py",
     "kernels/fp8.py", "kernels/indexer/fused.py", "kernels/indexer/passthrough.py", "kernels/indexer/score.py",
     "kernels/indexer/shapes.py", "kernels/indexer/solution.py", "kernels/launch_math.py", "kernels/topk/launcher.py",
     "kernels/triton_options.py", "kernels/tuned.py", "kernels/indexer/tuned/score.json",
     "kernels/topk/indexer_topk.cu", "kernels/topk/topk_cluster.cuh", "kernels/topk/topk_common.cuh",
-    "kernels/topk/topk_row.cuh", "kernels/topk/topk.cu"]
-HOPPER_CUDA = ["kernels/attention/hopper_mla.cu", "kernels/attention/hopper_mla_ptx.cuh"]
-# A CUDA source builds with every header of its folder (cuda_library), so the small-head kernel carries
-# the Hopper kernel's PTX header too.
-MMA_CUDA = ["kernels/attention/mma_mla.cu", "kernels/attention/hopper_mla_ptx.cuh"]
+    "kernels/topk/topk_row.cuh", "kernels/ptx.cuh", "kernels/topk/topk.cu"]
+HOPPER_CUDA = ["kernels/attention/hopper_mla.cu", "kernels/attention/hopper_mla_ptx.cuh", "kernels/ptx.cuh"]
+# A CUDA source builds with every header of its folder and of kernels/ (cuda_library), so the small-head
+# kernel carries the Hopper kernel's PTX header too.
+MMA_CUDA = ["kernels/attention/mma_mla.cu", "kernels/attention/hopper_mla_ptx.cuh", "kernels/ptx.cuh"]
 # Every file of each bundle after main.py: the Python it runs (sorted), the tuned tables it reads, then the
 # CUDA it builds.
 ATTENTION_TABLE = "kernels/attention/tuned/triton_sparse_mla.json"

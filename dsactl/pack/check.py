@@ -165,9 +165,10 @@ def _reached(files: dict[str, str], entry_file: str) -> dict[str, str]:
         if len(folders) != 1:
             raise DsactlError(f"{loader} loads CUDA library {library}, but the bundle has "
                               f"{len(folders) or 'no'} {KERNELS}/<stage>/{library}.cu")
-        for path in files:
+        for path in files:  # the source, its folder's headers and the shared ones of kernels/ (cuda_library)
             p = PurePosixPath(path)
-            if p.parent == folders[0] and (p.name == f"{library}.cu" or p.suffix in HEADER_SUFFIXES):
+            header = p.suffix in HEADER_SUFFIXES and p.parent in (folders[0], PurePosixPath(KERNELS))
+            if p.parent == folders[0] and p.name == f"{library}.cu" or header:
                 reached.setdefault(path, f"library {library}, loaded by {loader}")
     return reached
 

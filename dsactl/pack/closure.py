@@ -9,8 +9,9 @@ followed: imports under `if TYPE_CHECKING:` (never run), importlib or __import__
 and data files opened through __file__ other than the tuned-config tables below.
 
 CUDA: a launcher loads library <name> by calling load_library("<name>") (a string literal or a
-module-level string constant); the closure ships kernels/<stage>/<name>.cu and the headers of its
-folder, the convention of kernels/cuda_library.py, which builds them on first use in a bundle.
+module-level string constant); the closure ships kernels/<stage>/<name>.cu, the headers of its
+folder and those of kernels/, the convention of kernels/cuda_library.py, which builds them on first use
+in a bundle.
 
 Tables: a module that names its tuned-config table with table_path(__file__) (kernels/tuned.py) reads
 <its folder>/tuned/<its name>.json at run time; the closure ships that file where the checkout has it.

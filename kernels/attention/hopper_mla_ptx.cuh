@@ -1,6 +1,6 @@
 // PTX wrappers of the Hopper (sm_90a) primitives hopper_mla.cu uses (mma_mla.cu uses its mbarrier ones):
 // wgmma, mbarrier, cp.async, clusters and distributed shared memory, proxy fences, named barriers,
-// register reallocation.
+// register reallocation; those the top-k kernels use too come from kernels/ptx.cuh.
 // Every wrapper is asm volatile with a "memory" clobber so the compiler keeps them in program
 // order relative to shared-memory code.
 // Only the sm_90a pass of hopper_mla.cu includes the bodies that use them (see HOPPER_MLA_BODY).
@@ -8,7 +8,20 @@
 
 #include <cstdint>
 
+#include "../ptx.cuh"
+
 namespace hopper_mla {
+
+using ptx::cluster_sync;
+using ptx::fence_operand;
+using ptx::mbar_arrive;
+using ptx::mbar_arrive_expect_tx;
+using ptx::mbar_init;
+using ptx::mbar_wait;
+using ptx::prefetch_l2;
+using ptx::smem_addr;
+using ptx::wgmma_commit;
+using ptx::wgmma_fence;
 
 // ---- shared-memory matrix descriptors (PTX ISA, "Matrix Descriptor Format" of wgmma) ----------
 // bits 0-13: start address >> 4; 16-29: leading-dimension byte offset >> 4; 32-45: stride-dimension
@@ -31,23 +44,12 @@ __device__ __forceinline__ uint64_t desc_advance(uint64_t desc, uint32_t byte_of
   return desc + (byte_offset >> 4);
 }
 
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // ---- wgmma ----------------------------------------------------------------------------------
-// Before the first wgmma of a batch: orders prior register and shared-memory accesses of this
-// warpgroup before the asynchronous MMAs read them.
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 // Wait until at most kPending committed groups of this warpgroup are still running.
 template <int kPending>
 __device__ __forceinline__ void wgmma_wait() {
   asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
 }
-// A register the asynchronous MMA writes: the compiler must not move its reads or writes across
-// the wgmma issue / wait (the asm statements are volatile, so they stay in order).
-__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 // The MMA shapes the kernel issues. The instruction text of the fp16 and bf16 forms differs
 // only in the operand type (a string literal, TYPE), so one macro per shape writes both. The
@@ -144,26 +146,6 @@ __device__ __forceinline__ void wgmma_m64n256k16_rs(float (&d)[128], const uint3
 #undef HOPPER_MLA_D128_TEXT
 #undef HOPPER_MLA_D32_TEXT
 
-// ---- mbarrier ----------------------------------------------------------------------------------
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-// Arrive (release semantics at CTA scope: this thread's prior writes are visible to the waiter).
-__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
-  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(bar) : "memory");
-}
-// Spin until the phase of the given parity has completed (acquire semantics at CTA scope).
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-
 // ---- thread-block clusters (distributed shared memory) ---------------------------------------------
 // A shared::cta address is also a valid shared::cluster address of this CTA's own memory; mapa
 // gives the same offset in a peer CTA's memory (the cluster window is linear per CTA).
@@ -190,10 +172,6 @@ __device__ __forceinline__ float4 ld_cluster_v4_f32(uint32_t addr) {
                : "r"(addr)
                : "memory");
   return v;
-}
-// Every thread of every CTA of the cluster; release/acquire at cluster scope (also a CTA barrier).
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
 }
 // Makes this thread's mbarrier.init visible to the cluster's other CTAs (before cluster_sync).
 __device__ __forceinline__ void fence_mbarrier_init_cluster() {
@@ -225,10 +203,6 @@ __device__ __forceinline__ void tma_load_3d(uint32_t dst, const void* tensor_map
       : "memory");
 }
 
-// Arrive (as mbar_arrive) and expect `bytes` more of complete_tx before the phase can complete.
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
 
 // ---- copies and fences ----------------------------------------------------------------------------
 // 16-byte global -> shared copy that bypasses L1 (the gathered rows are used once per CTA);
@@ -264,8 +238,6 @@ __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
   return v;
 }
-// Asks the L2 for the 128-byte line holding `p`: no register, no completion to wait for, nothing to the SM.
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
 // 16-byte read-only global load that does not allocate in L1 (streamed once).
 __device__ __forceinline__ uint4 ld_global_nc_v4(const void* p) {
   uint4 v;

@@ -143,7 +143,8 @@ struct Params {
 };
 
 // ---- PTX -----------------------------------------------------------------------------------------
-// The shared-memory address and mbarrier wrappers of the Hopper kernel's header; the rest here.
+// The shared-memory address, mbarrier and bulk-copy wrappers of the Hopper kernel's header and kernels/ptx.cuh;
+// the rest here.
 using hopper_mla::cluster_sync;
 using hopper_mla::fence_mbarrier_init_cluster;
 using hopper_mla::ld_cluster_v4_f32;
@@ -153,13 +154,7 @@ using hopper_mla::mbar_arrive_expect_tx;
 using hopper_mla::mbar_init;
 using hopper_mla::mbar_wait;
 using hopper_mla::smem_addr;
-
-// One row by the bulk-copy engine, its bytes completed on bar.
-__device__ __forceinline__ void bulk_copy(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
+using ptx::bulk_copy;  // one row, its bytes completed on bar
 
 // Four e4m3 values (low byte first) -> two fp16x2 (bytes 0-1, bytes 2-3), exact: one cvt each, reading
 // the register's halves in place (no shift).

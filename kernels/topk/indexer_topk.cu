@@ -40,6 +40,7 @@
 
 #include <cstdint>
 
+#include "../ptx.cuh"
 #include "topk_common.cuh"
 #include "topk_row.cuh"
 
@@ -47,6 +48,14 @@ namespace topk {
 namespace {
 
 namespace cg = cooperative_groups;
+using ptx::bulk_copy;
+using ptx::cluster_sync;
+using ptx::fence_operand;
+using ptx::mbar_arrive_expect_tx;
+using ptx::mbar_init;
+using ptx::mbar_wait;
+using ptx::wgmma_commit;
+using ptx::wgmma_fence;
 
 constexpr int kDim = 128;                                 // index head dimension, one e4m3 byte each
 constexpr int kScaleOffset = kPageSize * kDim;            // a page's scales follow its keys
@@ -104,40 +113,10 @@ struct FusedParams {
 // The radix key of -inf (a key on a page outside the cache).
 constexpr uint32_t kMinusInfKey = 0x007fffffu;
 
-__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
-}
-
-__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes) : "memory");
-}
-
-__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
-  uint32_t done = 0;
-  while (!done) {
-    asm volatile(
-        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\nselp.u32 %0, 1, 0, p;\n}\n"
-        : "=r"(done)
-        : "r"(bar), "r"(parity)
-        : "memory");
-  }
-}
-
-// `bytes` (a multiple of 16) from 16-byte aligned global memory into this CTA's shared memory,
-// completing on its mbarrier.
-__device__ __forceinline__ void bulk_load(uint32_t dst, const void* src, uint32_t bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(dst),
-               "l"(src), "r"(bytes), "r"(bar)
-               : "memory");
-}
-
 __device__ __forceinline__ void cluster_arrive_relaxed() {
   asm volatile("barrier.cluster.arrive.relaxed.aligned;\n" ::: "memory");
 }
 __device__ __forceinline__ void cluster_wait() { asm volatile("barrier.cluster.wait.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
 
 __device__ __forceinline__ uint32_t map_to_rank0(uint32_t addr) {
   uint32_t out;
@@ -173,11 +152,7 @@ __device__ __forceinline__ void load_row32(uint32_t row, int tig, int g, uint32_
 __device__ __forceinline__ uint64_t q_descriptor(uint32_t addr) {
   return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (1ull << 16) | (64ull << 32) | (1ull << 62);
 }
-__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
-__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
-// An accumulator the asynchronous MMA writes: its reads must not move above the wait.
-__device__ __forceinline__ void fence_operand(float& r) { asm volatile("" : "+f"(r)::"memory"); }
 
 #define INDEXER_TOPK_D16_TEXT "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
 #define INDEXER_TOPK_D32_TEXT \
@@ -298,13 +273,13 @@ __global__ void __launch_bounds__(kFusedThreads, 1) indexer_topk_kernel(const Fu
   const int count = min(first + per_cta, pages) - first;  // this CTA's pages, <= p.pages_per_cta
   // Shared memory: the pages, the weights, q (1024-byte aligned: wgmma's swizzle atoms), the head groups'
   // sums (mma.sync), the row's keys (first CTA).
-  const uint32_t page_base = shared_addr(smem);
+  const uint32_t page_base = smem_addr(smem);
   const uint32_t w_base = page_base + p.pages_per_cta * kPageBytes;
   const uint32_t q_base = (w_base + kHeads * 4 + kQAlign - 1) / kQAlign * kQAlign;
   const float* ws = reinterpret_cast<const float*>(smem + (w_base - page_base));
   float* partial = reinterpret_cast<float*>(smem + (q_base - page_base) + kHeads * kDim);
   uint32_t* keys = reinterpret_cast<uint32_t*>(partial + kHeadGroups * p.pages_per_cta * kPageSize);
-  const uint32_t bar = shared_addr(&loaded);
+  const uint32_t bar = smem_addr(&loaded);
 
   if (t == 0) {
     mbar_init(bar, 1);
@@ -324,10 +299,10 @@ __global__ void __launch_bounds__(kFusedThreads, 1) indexer_topk_kernel(const Fu
     if (lane == 0) mbar_arrive_expect_tx(bar, __popc(inside) * kPageBytes + kHeads * 4 + (kWgmma ? 0 : kHeads * kDim));
     __syncwarp();
     if (entry >= 0) {
-      bulk_load(page_base + lane * kPageBytes, p.cache + static_cast<long long>(entry) * kPageBytes, kPageBytes, bar);
+      bulk_copy(page_base + lane * kPageBytes, p.cache + static_cast<long long>(entry) * kPageBytes, kPageBytes, bar);
     }
-    if (lane == 0 && !kWgmma) bulk_load(q_base, p.q + static_cast<long long>(row) * kHeads * kDim, kHeads * kDim, bar);
-    if (lane == 1) bulk_load(w_base, p.weights + static_cast<long long>(row) * kHeads, kHeads * 4, bar);
+    if (lane == 0 && !kWgmma) bulk_copy(q_base, p.q + static_cast<long long>(row) * kHeads * kDim, kHeads * kDim, bar);
+    if (lane == 1) bulk_copy(w_base, p.weights + static_cast<long long>(row) * kHeads, kHeads * 4, bar);
   }
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   if (count > 0) {  // q, its dimensions permuted as the A fragments' are, in the 128-byte swizzle wgmma reads
@@ -354,7 +329,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) indexer_topk_kernel(const Fu
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     const uint64_t desc = q_descriptor(q_base);
     const int wg = warp / 4, wq = warp % 4;
-    const uint32_t remote = map_to_rank0(shared_addr(keys));
+    const uint32_t remote = map_to_rank0(smem_addr(keys));
     for (int local = wg; local < count; local += kFusedWarps / 4) {
       if (staged[local] < 0) {  // warpgroup-uniform
         for (int i = (wq * 32 + lane); i < kPageSize; i += 128) {
@@ -418,7 +393,7 @@ __global__ void __launch_bounds__(kFusedThreads, 1) indexer_topk_kernel(const Fu
     __syncthreads();  // every group's sums written
     // Keys to the first CTA, in order: the head groups' sums times the token's scale (positive, so it
     // factors out of the relu, as in the scoring kernel).
-    const uint32_t remote = map_to_rank0(shared_addr(keys)) + first * kPageSize * 4;
+    const uint32_t remote = map_to_rank0(smem_addr(keys)) + first * kPageSize * 4;
     for (int i = t; i < count * kPageSize; i += kFusedThreads) {
       const int local = i / kPageSize;
       uint32_t key = kMinusInfKey;

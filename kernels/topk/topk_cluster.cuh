@@ -361,11 +361,11 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
   }
   __syncthreads();
 
-  const uint32_t sink = shared_addr(s.sink + (threadIdx.x & 31));
+  const uint32_t sink = smem_addr(s.sink + (threadIdx.x & 31));
   Source source = chunk * static_cast<int>(sizeof(CacheKey)) <= p.region_bytes ? Source::kCache : Source::kGlobal;
   {
     const bool cache_it = source == Source::kCache;
-    const uint32_t hist_addr = shared_addr(hist);
+    const uint32_t hist_addr = smem_addr(hist);
     visit_global<S, S::kUnroll>(scores, begin, end, each([&](int i, uint32_t key, bool valid) {
       if (cache_it && valid) cache[i - begin] = static_cast<CacheKey>(key);
       count_if(valid, hist_addr + digit_offset<L>(key, 0), sink);
@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(kThreads, 1) topk_page_transform_kernel(const 
     if (s.count_total == k_rem || l + 1 == L::kCount) break;
 
     int* next = hist + ((l + 1) & 1) * kBins;
-    const uint32_t next_addr = shared_addr(next);
+    const uint32_t next_addr = smem_addr(next);
     if (l >= 1) {  // its previous contents were last read by the cluster before this level's barrier
       for (int i = threadIdx.x; i < kBins; i += kThreads) next[i] = 0;
     }

@@ -6,7 +6,13 @@
 
 #include <cstdint>
 
+#include "../ptx.cuh"
+
 namespace topk {
+
+// prefetch_l2 warms L2 (and the address translation) for a line that is read or written later.
+using ptx::prefetch_l2;
+using ptx::smem_addr;
 
 constexpr int kDigitBits = 11;  // 2048-bin histograms: 8 KB, few levels (fp32 11+11+10, bf16 11+5)
 constexpr int kBins = 1 << kDigitBits;
@@ -166,12 +172,6 @@ __device__ __forceinline__ int load_early_s32(const int* p) {
   return v;
 }
 
-// Warms L2 (and the address translation) for a line that is read or written later.
-__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
-
-__device__ __forceinline__ uint32_t shared_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
 
 // Adds 1 to the shared-memory counter at `addr` (shared window) when `pred`, else to `sink`, a
 // word of this lane's own (no bank conflict): one red.shared a call and no branch. Predicating

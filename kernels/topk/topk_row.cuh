@@ -99,8 +99,8 @@ __device__ __forceinline__ void row_select_emit(const Params& p, const uint32_t 
   // The threshold prefix: active keys satisfy (key & mask) == value.
   uint32_t mask = 0, value = 0;
   int k_rem = k;
-  const uint32_t hist_addr = shared_addr(hist);
-  const uint32_t sink = shared_addr(s.sink + (t & 31));
+  const uint32_t hist_addr = smem_addr(hist);
+  const uint32_t sink = smem_addr(s.sink + (t & 31));
 #pragma unroll
   for (int l = 0; l < L::kCount; ++l) {
     int* h = hist + (l & 1) * kBins;
