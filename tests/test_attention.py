@@ -341,22 +341,55 @@ def test_split_count_fills_the_gpu():
     assert tsm.num_splits_for(1, 16, 64, tsm.config(16, False), sms) == 1  # one tile: nothing to split
 
 
+def _spec_name(heads: int, fp8kv: bool, cfg) -> str:
+    return f"sparse_mla_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}" + (
+        "" if cfg == tsm.config(heads, fp8kv) else f"_n{cfg.block_n}w{cfg.num_warps}")
+
+
 def test_every_launch_passes_a_row_pad_that_holds_its_share_and_was_built():
     built = {spec["name"] for spec in tsm.aot_specs()}
     for heads in tsm.HEADS:
-        for fp8kv in (False, True):
-            for cfg in tsm.configs(heads, fp8kv):
+        for fp8kv, compact in ((f, c) for f in (False, True) for c in (False, True)):
+            for cfg in tsm.configs(heads, fp8kv, compact):
                 pads = tsm.row_pads(cfg)
                 assert pads == sorted(pads) and pads[-1] == tsm.ROW_IDS_MAX
-                named = f"sparse_mla_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}" + (
-                    "" if cfg == tsm.config(heads, fp8kv) else f"_n{cfg.block_n}w{cfg.num_warps}")
-                assert {f"{named}_ids{pad}" for pad in pads} <= built
+                assert {f"{_spec_name(heads, fp8kv, cfg)}_ids{pad}" for pad in pads} <= built
                 for topk in (1, 63, 64, 100, 576, 2047, 2048):
                     for splits in range(1, min(tsm.MAX_SPLITS, topk) + 1):
                         pad = tsm.row_pad(topk, splits, cfg)
                         assert pad in pads and pad % cfg.block_n == 0 and pad >= -(-topk // splits)
     assert tsm.row_pad(2048, 1, tsm.config(128, False)) == 2048
     assert tsm.row_pad(2048, 32, tsm.config(128, False)) == tsm.ROW_IDS_MIN  # 64 positions, padded up
+
+
+def test_gpus_with_less_shared_memory_take_compact_tiles_from_32_heads():
+    for heads in (32, 64, 128):
+        for fp8kv in (False, True):
+            assert tsm.configs(heads, fp8kv, True) == [tsm.COMPACT]
+            for num_tokens in (1, 8, 128):
+                assert tsm.launch_config(num_tokens, heads, 2048, fp8kv, 188, True) == tsm.COMPACT
+            knobs = {**vars(tsm.COMPACT), "num_splits": 4}
+            assert tsm.tuned_launch(knobs, heads, 2048, fp8kv) == (tsm.COMPACT, 4), "a table may name them"
+    for fp8kv in (False, True):
+        assert tsm.configs(16, fp8kv, True) == tsm.configs(16, fp8kv)
+    assert not tsm.compact_for(torch.device("cpu"))
+    # Every arch builds what such a GPU launches; only arches with Hopper-sized shared memory build the rest.
+    compact = {_spec_name(h, f, c) for h in tsm.HEADS for f in (False, True) for c in tsm.configs(h, f, True)}
+    for spec in tsm.aot_specs():
+        if spec["name"].startswith("sparse_mla_h"):
+            meant = spec["name"].rsplit("_ids", 1)[0] in compact
+            assert spec.get("min_shared") == (None if meant else tsm.HOPPER_SHARED_PER_BLOCK), spec["name"]
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
+@pytest.mark.parametrize("heads, suffix", [(64, ""), (128, "_fp8kv")])
+def test_interpreted_compact_tiles_match_reference(heads, suffix, monkeypatch):
+    """COMPACT (GPUs with less shared memory a block) over several head groups and tiles a split."""
+    monkeypatch.setattr(tsm, "launch_config", lambda *args: tsm.COMPACT)
+    definition = definition_name(heads, 256, suffix)
+    inputs = case_inputs(definition, 2, 8, "cpu", seed=heads, pattern="scattered", valid=(250, 77))
+    outputs = _run(_launcher_kwargs(definition, 2), definition, inputs)
+    assert_matches_reference(definition, inputs, outputs)
 
 
 def test_rows_longer_than_a_split_holds_take_more_splits_or_are_refused():

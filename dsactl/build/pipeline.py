@@ -39,6 +39,7 @@ def build_arch(
     jobs: int,
     on_progress: OnProgress,
 ) -> ArchBuild:
+    triton_configs = [c for c in triton_configs if c.launches_on(arch)]
     if not cuda_sources and not triton_configs:
         return ArchBuild(arch, [], 0, 0, None)
     out = arch_build_dir(arch.name)

@@ -1,9 +1,10 @@
 """Ahead-of-time Triton: compile every configuration that kernel modules ship, for one arch.
 
 A module under dsactl.kernels that ships configurations defines `aot_specs() -> list[dict]`
-with exactly the keys of SPEC_KEYS. A signature type may end in `:16` (as in Triton's own AOT
-tool): the argument is a multiple of 16 in the calls the configuration is built for, the
-specialization the JIT makes for such a value. Each configuration compiles (no GPU needed) to
+with the keys of SPEC_KEYS, and "min_shared" (bytes) where only GPUs whose blocks get at least that
+much shared memory launch it: an arch with less does not build it. A signature type may end in `:16`
+(as in Triton's own AOT tool): the argument is a multiple of 16 in the calls the configuration is
+built for, the specialization the JIT makes for such a value. Each configuration compiles (no GPU needed) to
 build/<arch>/triton/<stage.module>/<name>.cubin with its ptxas log and a record of its
 resources; the record's fingerprint (Triton version, arch, the function's source and
 everything it calls, signature, constants, options) makes an unchanged configuration
@@ -40,6 +41,7 @@ from dsactl.kernels.triton_options import FP_FUSION
 
 KERNELS_PACKAGE = "dsactl.kernels"
 SPEC_KEYS = frozenset({"name", "fn", "signature", "constexprs", "num_warps", "num_stages"})
+OPTIONAL_SPEC_KEYS = frozenset({"min_shared"})
 WARP_SIZE = 32
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.-]+$")
 # TRITON_DUMP_PTXAS_LOG makes Triton print ptxas -v's log; TRITON_ALWAYS_COMPILE makes ptxas
@@ -59,6 +61,10 @@ class TritonConfig:
     @property
     def name(self) -> str:
         return self.spec["name"]
+
+    def launches_on(self, arch: Arch) -> bool:
+        """Whether a GPU of this arch launches it (its blocks get the shared memory it is meant for)."""
+        return self.spec.get("min_shared", 0) <= arch.max_shared_per_block
 
     def out_dir(self, arch_dir: Path) -> Path:
         return arch_dir / "triton" / self.unit
@@ -105,10 +111,10 @@ def module_configs(module: str, specs: list[dict]) -> list[TritonConfig]:
     configs = []
     for spec in specs:
         where = f"{module}.aot_specs() entry {spec.get('name', '?')!r}"
-        if set(spec) != SPEC_KEYS:
+        if not SPEC_KEYS <= set(spec) <= SPEC_KEYS | OPTIONAL_SPEC_KEYS:
             raise DsactlError(
-                f"{where}: keys must be {sorted(SPEC_KEYS)}; missing {sorted(SPEC_KEYS - set(spec))}, "
-                f"unknown {sorted(set(spec) - SPEC_KEYS)}"
+                f"{where}: keys must be {sorted(SPEC_KEYS)} (and optionally {sorted(OPTIONAL_SPEC_KEYS)}); missing "
+                f"{sorted(SPEC_KEYS - set(spec))}, unknown {sorted(set(spec) - SPEC_KEYS - OPTIONAL_SPEC_KEYS)}"
             )
         if not _SAFE_NAME.match(spec["name"]) or spec["name"] in seen:
             raise DsactlError(f"{where}: names must be unique and use only letters, digits, _ . -")

@@ -47,11 +47,11 @@ def bucket(family: Family, w: Workload) -> str | None:
     return score.tuning_bucket(batch, next_n, heads, max_len) if max_len > topk else None
 
 
-def _attention_candidates(workloads: list[Workload], num_sms: int) -> list[Knobs]:
+def _attention_candidates(workloads: list[Workload], num_sms: int, compact: bool) -> list[Knobs]:
     from dsactl.kernels.attention import triton_sparse_mla as tsm
 
     num_tokens, heads, topk, fp8kv = max(_attention_shape(w) for w in workloads)
-    base, base_splits = tsm.hand_picked(num_tokens, heads, topk, fp8kv, num_sms)
+    base, base_splits = tsm.hand_picked(num_tokens, heads, topk, fp8kv, num_sms, compact)
 
     def knobs(cfg, splits=None) -> Knobs:
         splits = splits or tsm.num_splits_for(num_tokens, heads, topk, cfg, num_sms)
@@ -63,7 +63,7 @@ def _attention_candidates(workloads: list[Workload], num_sms: int) -> list[Knobs
     found += [knobs(replace(base, num_warps=w), base_splits) for w in tsm.TUNED_WARPS if w != base.num_warps]
     found += [knobs(replace(base, num_stages=base.num_stages + d), base_splits) for d in (-1, 1)]
     found += [knobs(base, s) for s in (base_splits // 2, base_splits * 2) if s >= 1]
-    found += [knobs(cfg) for cfg in tsm.configs(heads, fp8kv) if cfg != base]
+    found += [knobs(cfg) for cfg in tsm.configs(heads, fp8kv, compact) if cfg != base]
     return _accepted(found, lambda k: tsm.tuned_launch(k, heads, topk, fp8kv))
 
 
@@ -110,12 +110,14 @@ def _accepted(found: list[Knobs], check: Callable[[Knobs], Any]) -> list[Knobs]:
     return accepted
 
 
-def candidates(family: Family, workloads: list[Workload], num_sms: int) -> list[Knobs | None]:
+def candidates(family: Family, workloads: list[Workload], num_sms: int,
+               compact: bool = False) -> list[Knobs | None]:
     """The hand-picked choice (None) first, then the distinct explicit candidates of the bucket's largest
-    workload. The hand-picked knobs written out are a candidate too unless every workload of the bucket
-    has that shape (then they are the hand-picked choice itself)."""
+    workload (compact: for a GPU that takes the Triton attention's COMPACT tiles). The hand-picked knobs
+    written out are a candidate too unless every workload of the bucket has that shape (then they are the
+    hand-picked choice itself)."""
     if family.name == "attention-triton":
-        found = _attention_candidates(workloads, num_sms)
+        found = _attention_candidates(workloads, num_sms, compact)
     elif family.implementation:
         found = _split_candidates(family.module, workloads, num_sms)
     else:

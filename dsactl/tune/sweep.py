@@ -87,18 +87,22 @@ def plan(workloads: Sequence[Workload], settings: Settings, command: str,
 
 def run_job(job: Job, timer: Timer | None = None, device: str = "cuda",
             num_sms: int | None = None) -> BucketResult:
-    """Tune one bucket on this process's device: bench's timer and the GPU's SM count unless given."""
+    """Tune one bucket on this process's device: bench's timer, the GPU's SM count and tile class unless given."""
     family = families.get(job.family)
+    compact = False
     if timer is None:
         import torch
 
         from dsactl.bench import runner as bench
+        from dsactl.kernels.attention.triton_sparse_mla import compact_for
 
         s = job.settings
         timer = bench.timing_setup(bench.Settings(s.warmup, s.iters, s.trials, s.method), job.command).timer
         num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+        compact = compact_for(torch.device("cuda", 0))
     result = tune_bucket(family, job.bucket, list(job.workloads),
-                         space.candidates(family, list(job.workloads), num_sms or 132), timer, job.settings, device)
+                         space.candidates(family, list(job.workloads), num_sms or 132, compact), timer, job.settings,
+                         device)
     identity = tuned.device_identity(_device(device))
     if identity is not None:
         result.gpu, result.capability = identity

@@ -531,7 +531,15 @@ class Config:
     f16: bool = False  # FP8 KV: _sparse_mla_fp8_f16_kernel (fp16 tiles) instead of _sparse_mla_fp8_kernel
 
 
-def config(heads: int, fp8kv: bool) -> Config:
+# The opt-in shared memory a block gets on the GPUs the configurations below were built for (sm_90, sm_100:
+# 227 KB). On a GPU with less (sm_120, RTX 50 and RTX PRO Blackwell: 99 KB), where Triton issues no
+# wgmma, those tiles need 114-240 KB even at one stage (sm120a builds, Triton 3.6): from 32 heads a launch there
+# takes COMPACT, 32 heads x 32 tokens a program (72 KB FP8, 80 KB bf16, no spills), more head groups at 64+.
+HOPPER_SHARED_PER_BLOCK = 232448
+COMPACT = Config(block_h=32, block_n=32, num_warps=8, num_stages=2)
+
+
+def config(heads: int, fp8kv: bool, compact: bool = False) -> Config:
     """Tile configuration per head count for grids that fill the GPU (register and shared-memory
     use read with cuobjdump from sm_90a builds of Triton 3.6). 64 heads x 64 tokens with 8 warps
     is the shape that reached 257 TFLOPS on an H200, and the only one where Triton
@@ -541,7 +549,9 @@ def config(heads: int, fp8kv: bool) -> Config:
     with 32 at h128 T=128, H200) and, with its ids loaded before
     the loop, 3 stages (218 KB of shared memory, 12 bytes spilled at ROW_PAD 2048): 408 against 459 us
     for per-tile ids and 2 stages (2 stages with hoisted ids were not timed). Under 64 heads FP8 tiles are 32
-    tokens: the hand-prefetched next tile would not fit in registers at 64."""
+    tokens: the hand-prefetched next tile would not fit in registers at 64. compact: COMPACT from 32 heads."""
+    if compact and heads >= COMPACT.block_h:
+        return COMPACT
     if heads >= 64:
         if fp8kv:
             return Config(block_h=64, block_n=64, num_warps=8, num_stages=3, f16=True)
@@ -572,10 +582,11 @@ _ONE_TILE = Config(block_h=SMALL_GRID_HEADS, block_n=128, num_warps=8, num_stage
 _ONE_TILE_BUILDS_CLEANLY = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
 
 
-def launch_config(num_tokens: int, heads: int, topk: int, fp8kv: bool, num_sms: int) -> Config:
+def launch_config(num_tokens: int, heads: int, topk: int, fp8kv: bool, num_sms: int,
+                  compact: bool = False) -> Config:
     """The configuration a launch uses: config(), or at 16 heads with bf16 KV one for grids under
     one wave (above)."""
-    cfg = config(heads, fp8kv)
+    cfg = config(heads, fp8kv, compact)
     if fp8kv or heads != SMALL_GRID_HEADS:
         return cfg
     programs_of_one_tile = num_tokens * cdiv(topk, cfg.block_n)
@@ -587,10 +598,10 @@ def launch_config(num_tokens: int, heads: int, topk: int, fp8kv: bool, num_sms: 
     return cfg
 
 
-def configs(heads: int, fp8kv: bool) -> list[Config]:
+def configs(heads: int, fp8kv: bool, compact: bool = False) -> list[Config]:
     """Every configuration launch_config() can pick for this head count and KV form."""
     if fp8kv or heads != SMALL_GRID_HEADS:
-        return [config(heads, fp8kv)]
+        return [config(heads, fp8kv, compact)]
     return [config(heads, fp8kv), _SMALL_GRID] + ([_ONE_TILE] if _ONE_TILE_BUILDS_CLEANLY else [])
 
 
@@ -640,9 +651,10 @@ def tuning_bucket(num_tokens: int, heads: int, topk: int, fp8kv: bool) -> str:
     return f"h{heads}-{'fp8' if fp8kv else 'bf16'}-topk{topk}-t{next_power_of_2(num_tokens)}"
 
 
-def hand_picked(num_tokens: int, heads: int, topk: int, fp8kv: bool, num_sms: int) -> tuple[Config, int]:
+def hand_picked(num_tokens: int, heads: int, topk: int, fp8kv: bool, num_sms: int,
+                compact: bool = False) -> tuple[Config, int]:
     """(config, splits) without a table: launch_config() and the split formula."""
-    cfg = launch_config(num_tokens, heads, topk, fp8kv, num_sms)
+    cfg = launch_config(num_tokens, heads, topk, fp8kv, num_sms, compact)
     return cfg, num_splits_for(num_tokens, heads, topk, cfg, num_sms)
 
 
@@ -655,7 +667,8 @@ def tuned_launch(knobs: dict, heads: int, topk: int, fp8kv: bool) -> tuple[Confi
            "tuned knobs are integers (f16: a boolean)")
     cfg = Config(*(knobs[k] for k in TUNED_KNOBS[:-1]))
     splits = knobs["num_splits"]
-    _check(cfg.f16 == config(heads, fp8kv).f16, f"f16 tiles {cfg.f16} do not match the KV format's kernel")
+    _check(cfg.f16 in (config(heads, fp8kv).f16, config(heads, fp8kv, compact=True).f16),
+           f"f16 tiles {cfg.f16} do not match the KV format's kernel")
     _check(cfg.block_h >= 16 and heads % cfg.block_h == 0 and cfg.block_h & (cfg.block_h - 1) == 0,
            f"block_h {cfg.block_h} does not tile {heads} heads")
     _check(16 <= cfg.block_n <= ROW_IDS_MIN and cfg.block_n & (cfg.block_n - 1) == 0,
@@ -671,7 +684,8 @@ def launch_plan(num_tokens: int, heads: int, topk: int, fp8kv: bool, device: tor
     """(config, splits) of a launch: this GPU's tuned entry for the call's bucket, else hand_picked()."""
     return TUNED.choose(device_identity(device), tuning_bucket(num_tokens, heads, topk, fp8kv),
                         lambda knobs: tuned_launch(knobs, heads, topk, fp8kv),
-                        lambda: hand_picked(num_tokens, heads, topk, fp8kv, _num_sms(device)), KernelInputError)
+                        lambda: hand_picked(num_tokens, heads, topk, fp8kv, _num_sms(device), compact_for(device)),
+                        KernelInputError)
 
 
 # The CUDA kernels' tables (hopper_mla, mma_mla) tune one knob, the split count.
@@ -713,6 +727,14 @@ def combine_config(num_splits: int, heads: int) -> CombineConfig:
         return CombineConfig(splits_pad, 1, COMBINE_BLOCK_D, COMBINE_BLOCK_D // 32)
     block_hc = min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
     return CombineConfig(splits_pad, block_hc, COMBINE_BLOCK_D, COMBINE_WARPS)
+
+
+@functools.lru_cache(maxsize=None)
+def compact_for(device: torch.device) -> bool:
+    """Whether this GPU's blocks get less shared memory than the Hopper-sized configurations need (COMPACT)."""
+    if device.type != "cuda":
+        return False
+    return torch.cuda.get_device_properties(device).shared_memory_per_block_optin < HOPPER_SHARED_PER_BLOCK
 
 
 @functools.lru_cache(maxsize=None)
@@ -941,7 +963,10 @@ def aot_specs() -> list[dict]:
     split_types = pointers + ["fp32", "fp32"] + ["i32"] * 5 + ["i32:16"] * 10 + ["i32"]
     specs = []
     for heads in HEADS:
-        for fp8kv, cfg, pad in [(f, c, p) for f in (False, True) for c in configs(heads, f) for p in row_pads(c)]:
+        # Both GPU classes' configurations; those only a GPU of Hopper-sized shared memory launches say so
+        # (min_shared), and builds for arches with less skip them.
+        launched = [(f, c) for f in (False, True) for c in dict.fromkeys(configs(heads, f) + configs(heads, f, True))]
+        for fp8kv, cfg, pad in [(f, c, p) for f, c in launched for p in row_pads(c)]:
             kernel = _kernel(fp8kv, cfg)
             types = list(split_types)
             types[2:4] = ["*i8", "*i8"] if fp8kv else ["*bf16", "*bf16"]  # the two cache pointers
@@ -954,6 +979,7 @@ def aot_specs() -> list[dict]:
                 "fn": kernel,
                 "signature": {**dict(zip(names, types, strict=True)), **{k: "constexpr" for k in constexprs}},
                 "constexprs": constexprs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                **({} if cfg in configs(heads, fp8kv, True) else {"min_shared": HOPPER_SHARED_PER_BLOCK}),
             })
     combine_args = {
         "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_scale_ptr": "*fp32",
