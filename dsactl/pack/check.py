@@ -168,7 +168,7 @@ def _reached(files: dict[str, str], entry_file: str) -> dict[str, str]:
         for path in files:  # the source, its folder's headers and the shared ones of kernels/ (cuda_library)
             p = PurePosixPath(path)
             header = p.suffix in HEADER_SUFFIXES and p.parent in (folders[0], PurePosixPath(KERNELS))
-            if p.parent == folders[0] and p.name == f"{library}.cu" or header:
+            if (p.parent == folders[0] and p.name == f"{library}.cu") or header:
                 reached.setdefault(path, f"library {library}, loaded by {loader}")
     return reached
 

@@ -10,7 +10,6 @@
 
 namespace topk {
 
-// prefetch_l2 warms L2 (and the address translation) for a line that is read or written later.
 using ptx::prefetch_l2;
 using ptx::smem_addr;
 
@@ -171,7 +170,6 @@ __device__ __forceinline__ int load_early_s32(const int* p) {
   asm volatile("ld.global.nc.s32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
 }
-
 
 // Adds 1 to the shared-memory counter at `addr` (shared window) when `pred`, else to `sink`, a
 // word of this lane's own (no bank conflict): one red.shared a call and no branch. Predicating
