@@ -1,9 +1,10 @@
-"""The README's result tables, rendered from the committed results under profiles/<gpu>/.
+"""Result tables, rendered from the committed results under profiles/<gpu>/.
 
-Each table in README.md sits between `<!-- results:NAME -->` and `<!-- /results -->`. `render(NAME)` makes it
-from the CSV or JSON that profiles/reproduce.sh wrote; `python -m dsactl.results --write README.md` rewrites
-every marked table and `--check README.md` exits 1 naming each one that differs, so a published figure
-cannot drift from its source (a CPU test runs the check).
+Each table in README.md sits between `<!-- results:NAME -->` and `<!-- /results -->` and shows the README's GPU.
+`render(NAME, GPU)` makes it from the CSV or JSON that profiles/reproduce.sh wrote; `python -m dsactl.results
+--write README.md` rewrites every marked table and `--check README.md` exits 1 naming each one that differs, so
+a published figure cannot drift from its source (a CPU test runs the check). `--print GPU` prints the tables
+of any GPU's results.
 """
 
 from __future__ import annotations
@@ -26,22 +27,19 @@ from dsactl.fp8 import PAGE_SIZE
 from dsactl.workloads import suite
 
 REPO = Path(__file__).resolve().parents[1]
-GPU = "h200"
+PROFILES = REPO / "profiles"
+README_GPU = "h200"  # the GPU whose results README.md shows
 BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
 
 
-def _source(name: str) -> Path:
-    return REPO / "profiles" / GPU / name
-
-
-def _rows(file: str) -> list[Result]:
-    return read_csv(_source(file)).results
+def _rows(folder: Path, file: str) -> list[Result]:
+    return read_csv(folder / file).results
 
 
 @lru_cache(maxsize=None)
 def _axes() -> dict[str, dict[str, int]]:
-    """Workload id -> its axes, over every embedded suite (the CSVs name workloads by id)."""
-    return {w.uuid: w.axes for w in suite("all")}
+    """Workload id -> its axes, over every timed suite (the CSVs name workloads by id)."""
+    return {w.uuid: w.axes for name in ("all", "prefill") for w in suite(name)}
 
 
 def _md(header: Sequence[str], rows: Iterable[Sequence[str]], right_from: int = 1) -> str:
@@ -66,11 +64,11 @@ def _family(definition: str) -> str:
     return stage(get_definition(definition))
 
 
-def contest() -> str:
+def contest(folder: Path) -> str:
     """Per stage and contender on the contest suite: mean and max latency, and both means of the
     per-workload speedups (the contest's score is the arithmetic one)."""
     groups: dict[tuple[str, str], list[Result]] = {}
-    for r in _rows("contest.csv"):
+    for r in _rows(folder, "contest.csv"):
         groups.setdefault((_family(r.definition), r.solution), []).append(r)
     out = []
     for (family, solution), rs in groups.items():
@@ -88,59 +86,87 @@ def contest() -> str:
 MEMORY_BOUND_BELOW_HEADS = 64
 
 
-def _attention(fp8: bool) -> str:
+Cells = dict[tuple[int, str], dict[int, Result]]
+
+
+def _attention_cells(folder: Path, file: str, fp8: bool) -> tuple[Cells, list[int]]:
+    """One KV format's attention rows: (heads, solution) -> query tokens -> result, and the token counts."""
+    axes = _axes()
+    cells: Cells = {}
+    for r in _rows(folder, file):
+        p = get_definition(r.definition).params
+        if p["fp8kv"] == fp8:
+            cells.setdefault((p["heads"], r.solution), {})[axes[r.workload]["num_tokens"]] = r
+    return cells, sorted({t for by_tokens in cells.values() for t in by_tokens})
+
+
+def _ours(cells: Cells, heads: int) -> dict[int, Result]:
+    return next((v for (h, s), v in cells.items() if h == heads and s.startswith("dsactl-attention")), {})
+
+
+def _times(by_tokens: dict[int, Result], ts: Sequence[int]) -> list[str]:
+    return [_us(by_tokens[t].median_us) if t in by_tokens else _us(None) for t in ts]
+
+
+def _ratio(num: dict[int, Result], den: dict[int, Result], t: int) -> str:
+    return f"{num[t].median_us / den[t].median_us:.2f}" if t in num and t in den else "—"
+
+
+def _attention(folder: Path, fp8: bool) -> str:
     """Production attention, one KV format: latency per heads x tokens for our kernel and FlashMLA timed in
     the same run, FlashMLA's time over ours, and the implementation that served our rows."""
-    axes = _axes()
-    cells: dict[tuple[int, str], dict[int, Result]] = {}
-    tokens: set[int] = set()
-    for r in _rows("attention.csv"):
-        p = get_definition(r.definition).params
-        if p["fp8kv"] != fp8:
-            continue
-        t = axes[r.workload]["num_tokens"]
-        tokens.add(t)
-        cells.setdefault((p["heads"], r.solution), {})[t] = r
-    ts = sorted(tokens)
+    cells, ts = _attention_cells(folder, "attention.csv", fp8)
     heads = sorted({h for h, _ in cells})
     rows = []
     for h in heads:
-        ours = next((v for (hh, s), v in cells.items() if hh == h and s.startswith("dsactl")), {})
+        ours = _ours(cells, h)
         theirs = cells.get((h, "flashmla"), {})
         impl = sorted({r.impl for r in ours.values()} - {""})
-        rows.append((f"{h}", "dsactl" + (f" ({', '.join(impl)})" if impl else ""),
-                     *(_us(ours[t].median_us) if t in ours else "—" for t in ts)))
+        rows.append((f"{h}", "dsactl" + (f" ({', '.join(impl)})" if impl else ""), *_times(ours, ts)))
         if h < MEMORY_BOUND_BELOW_HEADS:
             rows.append((f"{h}", "dsactl, % of copy bandwidth",
                          *(f"{ours[t].pct_copy_bw:.0f}%" if t in ours and ours[t].pct_copy_bw else "—" for t in ts)))
         if theirs:
-            rows.append((f"{h}", "FlashMLA" + (" (padded to 64 heads)" if h < 64 else ""),
-                         *(_us(theirs[t].median_us) if t in theirs else "—" for t in ts)))
-            rows.append((f"{h}", "FlashMLA / dsactl",
-                         *(f"{theirs[t].median_us / ours[t].median_us:.2f}" if t in theirs and t in ours else "—"
-                           for t in ts)))
+            rows.append((f"{h}", "FlashMLA" + (" (padded to 64 heads)" if h < 64 else ""), *_times(theirs, ts)))
+            rows.append((f"{h}", "FlashMLA / dsactl", *(_ratio(theirs, ours, t) for t in ts)))
     return _md(["heads", "contender, us", *(f"T={t}" for t in ts)], rows, right_from=2)
 
 
-def attention_fp8() -> str:
-    return _attention(True)
+def attention_fp8(folder: Path) -> str:
+    return _attention(folder, True)
 
 
-def attention_bf16() -> str:
-    return _attention(False)
+def attention_bf16(folder: Path) -> str:
+    return _attention(folder, False)
+
+
+def prefill(folder: Path) -> str:
+    """Prefill sizes, per heads: our bf16 and FP8 KV paths against FlashMLA's sparse prefill kernel, which reads
+    bf16 KV only (an engine dequantizes its FP8 cache first, a cost this table leaves out), timed in the same run."""
+    bf16, ts = _attention_cells(folder, "prefill.csv", False)
+    fp8, _ = _attention_cells(folder, "prefill.csv", True)
+    rows = []
+    for h in sorted({h for h, _ in bf16}):
+        ours, ours_fp8, theirs = _ours(bf16, h), _ours(fp8, h), bf16.get((h, "flashmla"), {})
+        rows += [(f"{h}", "dsactl, bf16 KV", *_times(ours, ts)),
+                 (f"{h}", "FlashMLA, bf16 KV", *_times(theirs, ts)),
+                 (f"{h}", "FlashMLA / dsactl, bf16 KV", *(_ratio(theirs, ours, t) for t in ts)),
+                 (f"{h}", "dsactl, FP8 KV", *_times(ours_fp8, ts)),
+                 (f"{h}", "dsactl FP8 KV / FlashMLA bf16 KV", *(_ratio(ours_fp8, theirs, t) for t in ts))]
+    return _md(["heads", "contender, us", *(f"T={t}" for t in ts)], rows, right_from=2)
 
 
 ROWS_SHOWN = (1, 32, 128)  # batch sizes the README shows of the scale suite's five
 
 
-def _pivot(file: str, row_axis: str, columns: tuple[str, Callable[[dict[str, int]], int]],
+def _pivot(folder: Path, file: str, row_axis: str, columns: tuple[str, Callable[[dict[str, int]], int]],
            solutions: dict[str, str], keep: Callable[[Result], bool] = lambda r: True) -> str:
     """Latency of named contenders, one row per (row axis, contender), one column per value of
     columns = (title, value from a workload's axes)."""
     axes = _axes()
     table: dict[tuple[int, str], dict[int, float]] = {}
     cols: set[int] = set()
-    for r in _rows(file):
+    for r in _rows(folder, file):
         if r.solution not in solutions or not keep(r):
             continue
         a = axes[r.workload]
@@ -156,17 +182,17 @@ def _pivot(file: str, row_axis: str, columns: tuple[str, Callable[[dict[str, int
     return _md([row_axis.replace("_", " "), "contender, us", *(f"{columns[0]} {c}" for c in cs)], rows, right_from=2)
 
 
-def indexer() -> str:
-    return _pivot("indexer.csv", "batch_size", ("ctx", lambda a: a["max_num_pages"] * PAGE_SIZE),
+def indexer(folder: Path) -> str:
+    return _pivot(folder, "indexer.csv", "batch_size", ("ctx", lambda a: a["max_num_pages"] * PAGE_SIZE),
                   {"dsactl-indexer": "dsactl", "torch-indexer": "torch (vectorized)"})
 
 
-def pipeline() -> str:
+def pipeline(folder: Path) -> str:
     """The whole decode step at 128 attention heads, FP8 KV, one query token: replayed from a CUDA graph (events,
     then its span on the GPU) and the sum of its kernels, per batch size (rows) and context (columns)."""
     from dsactl.bench.pipeline import read_csv as read_pipeline
 
-    rows, _ = read_pipeline(_source("pipeline.csv"))
+    rows, _ = read_pipeline(folder / "pipeline.csv")
     shown = [r for r in rows if r.heads == 128 and r.kv_format == "fp8" and r.next_n == 1 and r.batch in ROWS_SHOWN]
     contexts = sorted({r.context for r in shown})
     contenders = (("step, CUDA graph", lambda r: r.graph_us), ("its span on the GPU", lambda r: r.graph_span_us),
@@ -177,9 +203,9 @@ def pipeline() -> str:
     return _md(["batch size", "contender, us", *(f"ctx {c}" for c in contexts)], table, right_from=2)
 
 
-def verify() -> str:
+def verify(folder: Path) -> str:
     """Per suite: (solution, workload) pairs that passed, failed or errored, from verify.json."""
-    data = json.loads(_source("verify.json").read_text())
+    data = json.loads((folder / "verify.json").read_text())
     counts: dict[str, dict[str, int]] = {}
     for case in data["results"]:
         c = counts.setdefault(case["suite"], {"passed": 0, "failed": 0, "error": 0})
@@ -188,18 +214,29 @@ def verify() -> str:
                ((s, str(c["passed"]), str(c["failed"]), str(c["error"])) for s, c in counts.items()))
 
 
-TABLES: dict[str, Callable[[], str]] = {
-    "contest": contest, "attention-fp8": attention_fp8, "attention-bf16": attention_bf16,
-    "indexer": indexer, "pipeline": pipeline, "verify": verify,
+# Each table and the file under profiles/<gpu>/ it is rendered from.
+TABLES: dict[str, tuple[str, Callable[[Path], str]]] = {
+    "contest": ("contest.csv", contest), "attention-fp8": ("attention.csv", attention_fp8),
+    "attention-bf16": ("attention.csv", attention_bf16), "prefill": ("prefill.csv", prefill),
+    "indexer": ("indexer.csv", indexer), "pipeline": ("pipeline.csv", pipeline), "verify": ("verify.json", verify),
 }
 
 
-def render(name: str) -> str:
-    return TABLES[name]()
+def folder_of(gpu: str) -> Path:
+    return PROFILES / gpu
+
+
+def available(gpu: str) -> list[str]:
+    """The tables whose results profiles/<gpu>/ holds."""
+    return [name for name, (source, _) in TABLES.items() if (folder_of(gpu) / source).is_file()]
+
+
+def render(name: str, gpu: str = README_GPU) -> str:
+    return TABLES[name][1](folder_of(gpu))
 
 
 def rewrite(text: str) -> str:
-    """The text with every marked table rendered anew."""
+    """The text with every marked table rendered anew from README_GPU's results."""
     return BLOCK.sub(lambda m: m.group(1) + render(m.group("name")) + m.group(4), text)
 
 
@@ -213,7 +250,17 @@ def main(argv: list[str] | None = None) -> int:
     mode = parser.add_mutually_exclusive_group(required=True)
     mode.add_argument("--write", metavar="README", type=Path, help="rewrite the marked tables in place")
     mode.add_argument("--check", metavar="README", type=Path, help="exit 1 if a marked table differs")
+    mode.add_argument("--print", metavar="GPU", dest="gpu",
+                      help="print every table profiles/GPU/ has results for (e.g. h100-80gb-hbm3)")
     args = parser.parse_args(argv)
+    if args.gpu:
+        names = available(args.gpu)
+        for name in names:
+            print(f"{name} ({TABLES[name][0]}):\n\n{render(name, args.gpu)}")
+        if not names:
+            print(f"profiles/{args.gpu}/ holds none of: {', '.join(sorted({s for s, _ in TABLES.values()}))}",
+                  file=sys.stderr)
+        return 0 if names else 1
     path = args.write or args.check
     text = path.read_text()
     if args.write:
@@ -221,8 +268,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     bad = stale(text)
     for name in bad:
-        print(f"{path}: table {name!r} differs from profiles/{GPU}/ (python -m dsactl.results --write {path})",
-              file=sys.stderr)
+        print(f"{path}: table {name!r} differs from profiles/{README_GPU}/ "
+              f"(python -m dsactl.results --write {path})", file=sys.stderr)
     return 1 if bad else 0
 
 
