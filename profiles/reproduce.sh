@@ -18,6 +18,9 @@
 #   topk       topk.csv/.json + PNGs: top-k with page translation, rows 1-128 x lengths 2K-128K
 #   pipeline   pipeline.csv/.json + pipeline/stages.png: the whole decode step (DecodeStep), batch 1-128 x
 #              context 4K-128K x 16/128 heads x next_n 1-2, CUDA-graph replay against its kernels and PyTorch
+#   executor   executor.csv: what --gpus 0 and --ray add to the scale verify sweep on one GPU (python -m
+#              dsactl.executor.overhead): a warm-up, then plain, --gpus and --ray (a local cluster, where ray imports)
+#              in turns, twice, each run's wall time and its pairs' own seconds (about 13 minutes on an H200)
 #   tune       tune-contest.json, tune-scale.json: `dsactl tune --dry-run` of the attention kernels on the
 #              contest and scale suites, every candidate verified then timed against the hand-picked choice
 #              (the gain per shape bucket); the tuned tables beside the kernels are left as they are
@@ -42,7 +45,7 @@ GPU=${GPU:-$(python3 -c "import torch; from dsactl.device import gpu_slug; print
 DIR=profiles/$GPU
 mkdir -p "$DIR"
 AREAS=("$@")
-[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention prefill indexer topk pipeline tune ncu ncu-flashmla readme)
+[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention prefill indexer topk pipeline executor tune ncu ncu-flashmla readme)
 
 # cupti-python times kernels by CUPTI; its wheel and pyelftools' (which it imports), carried in .carry/,
 # install where pip has no network.
@@ -92,6 +95,10 @@ for area in "${AREAS[@]}"; do
     indexer) bench indexer --suite scale -d 'dsa_topk_indexer_*' --no-reference --iters 20 --trials 2 ;;
     topk) bench topk --suite scale -d 'dsa_topk_page_transform_*' --no-reference --iters 20 --trials 2 ;;
     pipeline) "${DSACTL[@]}" bench --pipeline --iters 20 --warmup 5 --csv "$DIR/pipeline.csv" --json "$DIR/pipeline.json" --plot "$DIR/pipeline" ;;
+    executor)
+      modes=plain,gpus
+      python3 -c "import ray" 2>/dev/null && modes+=,ray || echo "reproduce.sh: ray does not import: no --ray runs" >&2
+      python3 -m dsactl.executor.overhead --suite scale --rounds 2 --modes $modes --csv "$DIR/executor.csv" ;;
     tune)
       for suite in contest scale; do
         "${DSACTL[@]}" tune -d 'dsa_sparse_attention_*' --suite $suite --trials 2 --iters 30 --verify-trials 2 \

@@ -497,6 +497,7 @@ def test_a_cut_off_bench_keeps_the_rows_of_finished_workloads(monkeypatch, tmp_p
     assert {x.workload for x in kept.results} == {ids[0]} and {x.solution for x in kept.results} >= {"torch-topk"}
     assert kept.meta["complete"] == "1 of 1 workloads"
     assert json.loads((tmp_path / "b.json").read_text())["meta"]["complete"] == "1 of 1 workloads"
+    assert not report.default_paths("Fake GPU", "x")[0].parent.exists(), "--csv and --json leave profiles/ alone"
 
 
 def test_auto_timing_skips_a_method_whose_self_check_is_off(monkeypatch):

@@ -52,7 +52,8 @@ def test_readme_result_tables_are_rendered_from_the_committed_results():
 def test_every_committed_profile_renders_its_tables(capsys):
     from dsactl import results
 
-    gpus = sorted(p.name for p in results.PROFILES.iterdir() if p.is_dir())
+    gpus = sorted({p.relative_to(results.PROFILES).parts[0] for p in _tracked()
+                   if p.is_relative_to(results.PROFILES) and p.parent != results.PROFILES})
     assert results.README_GPU in gpus
     for gpu in gpus:
         names = results.available(gpu)
@@ -81,7 +82,11 @@ def _tracked() -> list[Path]:
 
 def test_profiles_hold_current_results_only():
     files = [p for p in _tracked() if p.is_relative_to(ROOT / "profiles") and p.exists()]
-    assert len(files) <= 80 and sum(p.stat().st_size for p in files) <= 3 * 2**20
+    per_gpu: dict[str, list[Path]] = {}
+    for p in files:
+        per_gpu.setdefault(p.relative_to(ROOT / "profiles").parts[0], []).append(p)
+    for gpu, held in per_gpu.items():
+        assert len(held) <= 80 and sum(p.stat().st_size for p in held) <= 3 * 2**20, f"profiles/{gpu}/ is small"
     logs = [p for p in files if p.suffix in (".patch", ".log", ".ncu-rep") or (p.suffix == ".txt" and p.name != "command.txt")]
     assert not logs, f"no logs, patches or reports under profiles/: {logs}"
 

@@ -156,9 +156,10 @@ def register(app: typer.Typer) -> None:
         defaults = not no_save  # profiles/<gpu>/<stem>.csv|json, one pair per GPU type
 
         def ready(meta) -> None:
-            if defaults:
-                for path in report.default_paths(meta["gpu"], stem):
-                    report.check_writable(path)
+            if defaults:  # the default files that --csv / --json do not replace
+                for given, path in zip((csv_path, json_path), report.default_paths(meta["gpu"], stem)):
+                    if not given:
+                        report.check_writable(path)
             console.print(f"GPU {meta['gpu']} ({meta['sm_count']} SMs, SM clock {meta['sm_clock_mhz']}/"
                           f"{meta['max_sm_clock_mhz']} MHz, driver {meta['driver']}); timing: {meta['timing_method']}, "
                           f"{warmup} warmup + {iters} iterations x {trials} trials, cold L2")
