@@ -203,6 +203,34 @@ def pipeline(folder: Path) -> str:
     return _md(["batch size", "contender, us", *(f"ctx {c}" for c in contexts)], table, right_from=2)
 
 
+def _tune(folder: Path, suite_name: str) -> str:
+    """`dsactl tune --dry-run` on one suite, per kernel family: its shape buckets, how many a searched
+    configuration beat the hand-picked one by tune's margin (what tune would write), and the gain, the
+    hand-picked time over the fastest verified candidate's (1.00 where the hand-picked choice was fastest)."""
+    data = json.loads((folder / f"tune-{suite_name}.json").read_text())
+    families: dict[str, list[dict]] = {}
+    for b in data["buckets"]:
+        families.setdefault(b["family"], []).append(b)
+    rows = []
+    for family, buckets in families.items():
+        gains = [b["gain"] for b in buckets if b["gain"]]
+        top = max((b for b in buckets if b["gain"]), key=lambda b: b["gain"], default=None)
+        rows.append((family, str(len(buckets)), str(sum(b["written"] for b in buckets)),
+                     str(sum(b["hand_picked_us"] is None for b in buckets)),
+                     f"{_gmean(gains):.3f}" if gains else "—",
+                     f"{top['gain']:.3f} in `{top['bucket']}`" if top else "—"))
+    return _md(["kernel family", "buckets", f"beaten by {data['min_gain']:.0%}+", "hand-picked refused",
+                "gain, geometric mean", "largest gain"], rows)
+
+
+def tune_contest(folder: Path) -> str:
+    return _tune(folder, "contest")
+
+
+def tune_scale(folder: Path) -> str:
+    return _tune(folder, "scale")
+
+
 def verify(folder: Path) -> str:
     """Per suite: (solution, workload) pairs that passed, failed or errored, from verify.json."""
     data = json.loads((folder / "verify.json").read_text())
@@ -219,6 +247,7 @@ TABLES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "contest": ("contest.csv", contest), "attention-fp8": ("attention.csv", attention_fp8),
     "attention-bf16": ("attention.csv", attention_bf16), "prefill": ("prefill.csv", prefill),
     "indexer": ("indexer.csv", indexer), "pipeline": ("pipeline.csv", pipeline), "verify": ("verify.json", verify),
+    "tune-contest": ("tune-contest.json", tune_contest), "tune-scale": ("tune-scale.json", tune_scale),
 }
 
 

@@ -288,6 +288,30 @@ def test_tune_verifies_before_timing_and_writes_the_fastest_verified_candidate(m
     assert tuned.read(path) == [other_gpu, entry]  # merged: the other GPU's entry kept
 
 
+def test_the_results_table_counts_each_familys_beaten_buckets_and_its_gains(tmp_path, monkeypatch):
+    from dsactl import results
+
+    def bucket(family, name, hand_us, best_us):
+        return search.BucketResult(family, name, ["w"], [
+            search.Tried(None, "" if hand_us else "w: wrong", {"w": hand_us} if hand_us else {}),
+            search.Tried(dict(TUNED_KNOBS), "", {"w": best_us})], gpu=H200[0], capability=H200[1])
+
+    found = [bucket("attention-triton", "h16-small", 10.0, 8.0), bucket("attention-triton", "h16-large", 10.0, 9.9),
+             bucket("attention-triton", "h64", 10.0, 10.0), bucket("attention-hopper", "h128", None, 7.0)]
+    (tmp_path / "tune-scale.json").write_text(json.dumps(sweep.report(found, "dsactl tune --suite scale")))
+    lines = results.tune_scale(tmp_path).splitlines()
+    assert lines[0] == ("| kernel family | buckets | beaten by 2%+ | hand-picked refused | gain, geometric mean "
+                        "| largest gain |")
+    gmean = (1.25 * 10.0 / 9.9 * 1.0) ** (1 / 3)
+    assert lines[2] == f"| attention-triton | 3 | 1 | 0 | {gmean:.3f} | 1.250 in `h16-small` |"
+    assert lines[3] == "| attention-hopper | 1 | 0 | 1 | — | — |", "no gain where the hand-picked choice failed"
+    (tmp_path / "some-gpu").mkdir()
+    (tmp_path / "tune-scale.json").rename(tmp_path / "some-gpu" / "tune-scale.json")
+    monkeypatch.setattr(results, "PROFILES", tmp_path)
+    assert results.available("some-gpu") == ["tune-scale"]
+    assert results.render("tune-scale", "some-gpu").splitlines()[2] == lines[2]
+
+
 def test_a_winner_within_the_noise_or_a_failing_hand_picked_choice_writes_nothing():
     def result(default_us, best_us, default_problem=""):
         return search.BucketResult("attention-triton", "b", ["w"], [
