@@ -52,8 +52,7 @@ def test_readme_result_tables_are_rendered_from_the_committed_results():
 def test_every_committed_profile_renders_its_tables(capsys):
     from dsactl import results
 
-    gpus = sorted({p.relative_to(results.PROFILES).parts[0] for p in _tracked()
-                   if p.is_relative_to(results.PROFILES) and p.parent != results.PROFILES})
+    gpus = sorted(_profile_folders())
     assert results.README_GPU in gpus
     for gpu in gpus:
         names = results.available(gpu)
@@ -80,12 +79,18 @@ def _tracked() -> list[Path]:
     return [ROOT / p for p in out.decode().split("\0") if p]
 
 
+def _profile_folders() -> dict[str, list[Path]]:
+    """profiles/<gpu>/ -> its tracked files (those present)."""
+    folders: dict[str, list[Path]] = {}
+    for p in _tracked():
+        if p.is_relative_to(ROOT / "profiles") and p.parent != ROOT / "profiles" and p.exists():
+            folders.setdefault(p.relative_to(ROOT / "profiles").parts[0], []).append(p)
+    return folders
+
+
 def test_profiles_hold_current_results_only():
     files = [p for p in _tracked() if p.is_relative_to(ROOT / "profiles") and p.exists()]
-    per_gpu: dict[str, list[Path]] = {}
-    for p in files:
-        per_gpu.setdefault(p.relative_to(ROOT / "profiles").parts[0], []).append(p)
-    for gpu, held in per_gpu.items():
+    for gpu, held in _profile_folders().items():
         assert len(held) <= 80 and sum(p.stat().st_size for p in held) <= 3 * 2**20, f"profiles/{gpu}/ is small"
     logs = [p for p in files if p.suffix in (".patch", ".log", ".ncu-rep") or (p.suffix == ".txt" and p.name != "command.txt")]
     assert not logs, f"no logs, patches or reports under profiles/: {logs}"
