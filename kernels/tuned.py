@@ -148,6 +148,18 @@ class Table:
                 self.warn_once(bucket, f"entry {bucket} refused ({e})")
         return hand_picked()
 
+    def drop(self, identity: tuple[str, tuple[int, int]] | None, bucket: str, why: object) -> bool:
+        """Forget this GPU's entry for bucket for the rest of the process, warning once, when a launch of its
+        configuration failed: the compiler refusing it (a table written under another compiler can ask for
+        more shared memory than this one gives). False where no entry of the file was in play (none, or a
+        forced configuration: tune's candidate, whose failure is its answer): the caller re-raises."""
+        if self._forced is not None or identity is None:
+            return False
+        if self._load().pop((identity[0], identity[1], bucket), None) is None:
+            return False
+        self.warn_once(bucket, f"entry {bucket} did not launch ({why})")
+        return True
+
     @contextlib.contextmanager
     def forced(self, config: dict[str, Any] | None) -> Iterator[None]:
         """Every lookup returns config (None: no entry, the hand-picked choice), whatever the GPU, bucket

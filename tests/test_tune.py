@@ -94,6 +94,26 @@ def test_attention_launcher_falls_back_on_a_malformed_table_and_warns_once(atten
         assert tsm.launch_plan(2, 16, 128, False, torch.device("cpu")) == hand
 
 
+def test_an_entry_whose_launch_failed_is_dropped_once_for_the_process(tmp_path):
+    """Table.drop: the entry in play is forgotten with one warning and lookups fall back; no entry, another
+    GPU's, or a forced configuration (tune's candidate) is not dropped, so the launcher re-raises."""
+    path = tmp_path / "t.json"
+    tuned.write(path, "triton_sparse_mla", [_entry()])
+    table = tuned.Table(path)
+    with table.forced(TUNED_KNOBS):
+        assert not table.drop(H200, SMALL_BUCKET, "out of shared memory")
+    assert not table.drop(("NVIDIA B200", (10, 0)), SMALL_BUCKET, "out of shared memory")
+    assert not table.drop(None, SMALL_BUCKET, "out of shared memory")
+    assert table.lookup(H200, SMALL_BUCKET) == TUNED_KNOBS
+    with pytest.warns(RuntimeWarning, match=f"entry {SMALL_BUCKET} did not launch .out of shared memory"):
+        assert table.drop(H200, SMALL_BUCKET, "out of shared memory")
+    assert table.lookup(H200, SMALL_BUCKET) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert not table.drop(H200, SMALL_BUCKET, "out of shared memory")  # already gone: the hand-picked failed
+    assert tuned.read(path) == [_entry()]  # the file is left as it is
+
+
 def test_a_missing_table_is_the_hand_picked_choice_silently(attention_table):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -426,6 +446,32 @@ def test_tune_on_the_gpu_finds_a_config_at_least_as_fast_and_the_dispatcher_uses
     result = runner.verify_pair(runner.Candidate("tuned", fn=search.solution_for(w.definition).load()), w, 1)
     assert result.status == runner.PASSED, result.problems
     assert used and all(u == expected for u in used)
+
+
+@pytest.mark.gpu
+def test_gpu_an_entry_this_triton_cannot_compile_gives_way_to_the_hand_picked_choice(tmp_path, monkeypatch):
+    """An entry whose tiles need more shared memory than the GPU gives (256 bf16 tokens: 346 KB on an H100,
+    which gives 227; a table written under another compiler can hold one) is dropped with one warning; the
+    call runs the hand-picked configuration and verifies, and the next call goes straight to it."""
+    from dsactl.verify import runner
+
+    w = Workload("w", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64", "t", "h",
+                 {"num_tokens": 1, "num_pages": 64})
+    knobs = {"block_h": 16, "block_n": 256, "num_warps": 8, "num_stages": 1, "f16": False, "num_splits": 8}
+    tsm.tuned_launch(knobs, 16, 2048, False)  # the entry passes the launcher's own checks
+    identity = tuned.device_identity(torch.device("cuda:0"))
+    bucket = tsm.tuning_bucket(1, 16, 2048, False)
+    path = tmp_path / "triton_sparse_mla.json"
+    tuned.write(path, "triton_sparse_mla", [tuned.Entry(*identity, bucket, knobs)])
+    monkeypatch.setattr(tsm, "TUNED", tuned.Table(path))
+    candidate = runner.Candidate("tuned", fn=search.solution_for(w.definition).load())
+    with pytest.warns(RuntimeWarning, match=f"entry {bucket} did not launch"):
+        result = runner.verify_pair(candidate, w, 2)
+    assert result.status == runner.PASSED, result.problems
+    assert tsm.TUNED.lookup(identity, bucket) is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        assert runner.verify_pair(candidate, w, 1).status == runner.PASSED
 
 
 @pytest.mark.gpu

@@ -40,6 +40,7 @@ from typing import Callable
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ..bad_index import MAX_INT32, BadIndexCounter, check_ids, checking
 from ..errors import KernelInputError
@@ -925,31 +926,38 @@ def sparse_mla_attention(
         ckv_arg, kpe_arg, stride_ckv, stride_kpe = ckv_cache, kpe_cache, ckv_cache.stride(1), kpe_cache.stride(1)
     if num_tokens == 0:
         return
-
-    cfg, planned_splits = launch_plan(num_tokens, heads, topk, fp8kv, device)
-    splits = num_splits or planned_splits
-    _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
-    pad = row_pad(topk, splits, cfg)
     lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
-    # splits == 1: the program writes the final output; the partial pointers are never read.
-    partials = (lse, lse, lse) if splits == 1 else split_partials(device, num_tokens, splits, heads)
-    part_acc, part_m, part_l = partials
     # Absent optional inputs: a pointer of the same dtype that the kernel never reads.
     topk_length_arg = topk_length if topk_length is not None else sparse_indices
     sink_arg = attn_sink if attn_sink is not None else lse
 
-    _kernel(fp8kv, cfg)[(heads // cfg.block_h, splits, num_tokens)](
-        q_nope, q_pe, ckv_arg, kpe_arg, sparse_indices, topk_length_arg, sink_arg,
-        output, lse, part_acc, part_m, part_l, BAD_INDICES.tensor(device),
-        float(sm_scale) * math.log2(math.e), lse_scale, topk, splits,
-        int(topk_length is not None), int(attn_sink is not None), tokens_in_cache,
-        q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
-        sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-        HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING, ROW_PAD=pad,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION,
-    )
-    if splits > 1:
-        combine(partials, attn_sink, output, lse, lse_scale, heads, splits, num_tokens)
+    def run(plan: tuple[Config, int]) -> None:
+        cfg, planned_splits = plan
+        splits = num_splits or planned_splits
+        _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
+        pad = row_pad(topk, splits, cfg)
+        # splits == 1: the program writes the final output; the partial pointers are never read.
+        partials = (lse, lse, lse) if splits == 1 else split_partials(device, num_tokens, splits, heads)
+        part_acc, part_m, part_l = partials
+        _kernel(fp8kv, cfg)[(heads // cfg.block_h, splits, num_tokens)](
+            q_nope, q_pe, ckv_arg, kpe_arg, sparse_indices, topk_length_arg, sink_arg,
+            output, lse, part_acc, part_m, part_l, BAD_INDICES.tensor(device),
+            float(sm_scale) * math.log2(math.e), lse_scale, topk, splits,
+            int(topk_length is not None), int(attn_sink is not None), tokens_in_cache,
+            q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
+            sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
+            HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING, ROW_PAD=pad,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION,
+        )
+        if splits > 1:
+            combine(partials, attn_sink, output, lse, lse_scale, heads, splits, num_tokens)
+
+    try:
+        run(launch_plan(num_tokens, heads, topk, fp8kv, device))
+    except OutOfResources as e:  # raised before the kernel runs: a tuned entry this Triton cannot compile
+        if not TUNED.drop(device_identity(device), tuning_bucket(num_tokens, heads, topk, fp8kv), e):
+            raise
+        run(launch_plan(num_tokens, heads, topk, fp8kv, device))
 
 
 def aot_specs() -> list[dict]:

@@ -38,6 +38,7 @@ from functools import lru_cache
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.errors import OutOfResources
 
 from ..bad_index import BadIndexCounter
 from ..errors import KernelInputError
@@ -376,16 +377,28 @@ def score(q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, seq_lens:
     if batch == 0 or max_len == 0:
         lengths.zero_()
         return
-    cfg = config or launch_config(batch, next_n, heads, max_len, q.device)
-    if cfg.tokens_per_program % cfg.block_n or cfg.block_n % PAGE_SIZE or cfg.splits * cfg.tokens_per_program < max_len:
-        raise KernelInputError(f"indexer score config {cfg} does not tile rows of {max_len} tokens")
-    indexer_score_kernel[(batch, cfg.splits)](
-        q, cache.view(torch.float8_e4m3fn), cache.view(torch.float32), weights, seq_lens, block_table, scores, lengths,
-        BAD_PAGES.tensor(q.device), block_table.stride(0), scores.stride(0), cfg.tokens_per_program, skip_len,
-        cache.shape[0], max_len,
-        HEADS=heads, NEXT_N=next_n, NQ=_nq(next_n), BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, PAGE=PAGE_SIZE,
-        DIM=INDEX_HEAD_DIM, PAGE_BYTES=INDEX_PAGE_BYTES, SCALE_OFFSET=INDEX_SCALE_OFFSET,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION)
+
+    def run(cfg: ScoreConfig) -> None:
+        if (cfg.tokens_per_program % cfg.block_n or cfg.block_n % PAGE_SIZE
+                or cfg.splits * cfg.tokens_per_program < max_len):
+            raise KernelInputError(f"indexer score config {cfg} does not tile rows of {max_len} tokens")
+        indexer_score_kernel[(batch, cfg.splits)](
+            q, cache.view(torch.float8_e4m3fn), cache.view(torch.float32), weights, seq_lens, block_table, scores,
+            lengths, BAD_PAGES.tensor(q.device), block_table.stride(0), scores.stride(0), cfg.tokens_per_program,
+            skip_len, cache.shape[0], max_len,
+            HEADS=heads, NEXT_N=next_n, NQ=_nq(next_n), BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, PAGE=PAGE_SIZE,
+            DIM=INDEX_HEAD_DIM, PAGE_BYTES=INDEX_PAGE_BYTES, SCALE_OFFSET=INDEX_SCALE_OFFSET,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION)
+
+    if config is not None:
+        run(config)
+        return
+    try:
+        run(launch_config(batch, next_n, heads, max_len, q.device))
+    except OutOfResources as e:  # raised before the kernel runs: a tuned entry this Triton cannot compile
+        if not TUNED.drop(device_identity(q.device), tuning_bucket(batch, next_n, heads, max_len), e):
+            raise
+        run(launch_config(batch, next_n, heads, max_len, q.device))
 
 
 # tokens_per_program is a multiple of BLOCK_N (whole 64-token pages), so the JIT always specializes it as
