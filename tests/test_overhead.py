@@ -53,3 +53,34 @@ def test_a_measurement_runs_every_mode_after_a_warmup_and_writes_its_csv(tmp_pat
 def test_modes_outside_the_table_are_refused():
     with pytest.raises(ValueError, match="cloud"):
         overhead.measure("hostile", ["plain", "cloud"], rounds=1)
+
+
+def test_a_measurement_cut_short_keeps_the_runs_it_finished(tmp_path, monkeypatch):
+    """The CSV is rewritten after each run: a measurement killed mid-way (a machine's time limit) leaves its
+    finished runs and a line saying how many were planned; none is left once every run is done."""
+    def measure(suite, modes, rounds, extra, progress):
+        progress(Run("warmup", 0, 220.0, 215.0, 3, 0, 0, 0))
+        progress(Run("plain", 1, 141.0, 135.0, 3, 0, 0, 0))
+        raise KeyboardInterrupt  # where a timeout's signal would end the process
+
+    monkeypatch.setattr(overhead, "measure", measure)
+    path = tmp_path / "executor.csv"
+    with pytest.raises(KeyboardInterrupt):
+        overhead.main(["--modes", "plain,gpus", "--rounds", "1", "--csv", str(path)])
+    lines = path.read_text().splitlines()
+    assert lines[1] == "# partial: 2 of 3 runs"
+    rows = list(csv.DictReader(line for line in lines if not line.startswith("#")))
+    assert [(row["mode"], row["round"]) for row in rows] == [("warmup", "0"), ("plain", "1")]
+
+    def whole(suite, modes, rounds, extra, progress):
+        runs = [Run("warmup", 0, 220.0, 215.0, 3, 0, 0, 0), Run("plain", 1, 141.0, 135.0, 3, 0, 0, 0),
+                Run("gpus", 1, 133.0, 128.0, 3, 0, 0, 0)]
+        for run in runs:
+            progress(run)
+        return runs
+
+    monkeypatch.setattr(overhead, "measure", whole)
+    assert overhead.main(["--modes", "plain,gpus", "--rounds", "1", "--csv", str(path)]) == 0
+    lines = path.read_text().splitlines()
+    assert not any(line.startswith("# partial") for line in lines)
+    assert lines[1] == f"# overhead gpus: {133.0 / 141.0 - 1.0:+.2%}"

@@ -7,7 +7,8 @@ into its pairs' own seconds (what the JSON reports per solution x workload pair)
 
 The warm-up pays the first Triton compiles and CUDA-library loads, which would otherwise land on whichever
 mode runs first; the turns rotate the modes' order so that drift in the GPU's clocks spreads over all of
-them. Overhead is a mode's mean wall time over the plain runs' mean.
+them. Overhead is a mode's mean wall time over the plain runs' mean. The CSV is rewritten after every run,
+so a measurement cut short (a machine's time limit) keeps the runs it finished and says how many it planned.
 """
 
 from __future__ import annotations
@@ -111,6 +112,8 @@ def overheads(runs: Sequence[Run]) -> dict[str, float]:
     for run in runs:
         if run.mode != WARMUP:
             walls.setdefault(run.mode, []).append(run.wall_s)
+    if "plain" not in walls:  # cut short before a plain run
+        return {}
     plain = statistics.fmean(walls["plain"])
     return {mode: statistics.fmean(w) / plain - 1.0 for mode, w in walls.items() if mode != "plain"}
 
@@ -118,10 +121,13 @@ def overheads(runs: Sequence[Run]) -> dict[str, float]:
 COLUMNS = [f.name for f in fields(Run)] + ["outside_s"]
 
 
-def write_csv(runs: Sequence[Run], path: Path, command: str) -> None:
+def write_csv(runs: Sequence[Run], path: Path, command: str, planned: int | None = None) -> None:
+    """The runs so far; planned: how many the measurement has, for a "# partial" line while fewer are done."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", newline="") as f:
         f.write(f"# command: {json.dumps(command)}\n")
+        if planned is not None and len(runs) < planned:
+            f.write(f"# partial: {len(runs)} of {planned} runs\n")
         for mode, value in overheads(runs).items():
             f.write(f"# overhead {mode}: {value:+.2%}\n")
         writer = csv.DictWriter(f, COLUMNS)
@@ -144,13 +150,18 @@ def main(argv: list[str] | None = None) -> int:
     if "plain" not in modes:
         parser.error("--modes must include plain: the overhead is measured against it")
 
+    command = " ".join(["python -m dsactl.executor.overhead", *(argv or sys.argv[1:])])
+    planned = 1 + len(schedule(modes, args.rounds))
+    done: list[Run] = []
+
     def show(run: Run) -> None:
         print(f"{run.mode:7s} round {run.round}: {run.wall_s:7.1f} s wall, {run.pairs_s:7.1f} s in pairs, "
               f"{run.outside_s:6.2f} s outside; {run.passed} passed, {run.failed} failed, {run.errors} errors"
               + (f", exit {run.rc}" if run.rc else ""), flush=True)
+        done.append(run)
+        write_csv(done, args.csv, command, planned)
 
     runs = measure(args.suite, modes, args.rounds, args.verify_args, show)
-    write_csv(runs, args.csv, " ".join(["python -m dsactl.executor.overhead", *(argv or sys.argv[1:])]))
     for mode, value in overheads(runs).items():
         print(f"{mode}: {value:+.1%} wall time against plain")
     return 1 if any(r.rc or r.failed or r.errors for r in runs) else 0
