@@ -20,10 +20,11 @@
 #              context 4K-128K x 16/128 heads x next_n 1-2, CUDA-graph replay against its kernels and PyTorch
 #   executor   executor.csv: what --gpus 0 and --ray add to the scale verify sweep on one GPU (python -m
 #              dsactl.executor.overhead): a warm-up, then plain, --gpus and --ray (a local cluster, where ray imports)
-#              in turns, twice, each run's wall time and its pairs' own seconds (about 13 minutes on an H200)
+#              in turns, twice, each run's wall time and its pairs' own seconds (13-18 minutes on an H100;
+#              the CSV is rewritten after each run, so a run cut short keeps what it finished)
 #   tune       tune-contest.json, tune-scale.json: `dsactl tune --dry-run` of the attention kernels on the
 #              contest and scale suites, every candidate verified then timed against the hand-picked choice
-#              (the gain per shape bucket); the tuned tables beside the kernels are left as they are
+#              (the gain per shape bucket; about 6 minutes on an H100); the tuned tables beside the kernels stay as they are
 #   ncu        Nsight Compute reports (section set warps) of one workload per kernel family, kept as the CPU tests' fixtures
 #              (tests/fixtures/ncu/<family>.ncu-rep), then ncu-tables
 #   ncu-tables ncu/<family>/: the reports' tables, roofline and utilisation charts (dsactl profile --import;
