@@ -24,7 +24,8 @@
 #              the CSV is rewritten after each run, so a run cut short keeps what it finished)
 #   tune       tune-contest.json, tune-scale.json: `dsactl tune --dry-run` of the attention kernels on the
 #              contest and scale suites, every candidate verified then timed against the hand-picked choice
-#              (the gain per shape bucket; about 6 minutes on an H100); the tuned tables beside the kernels stay as they are
+#              (the gain per shape bucket; about 6 minutes on an H100); the tuned tables beside the kernels
+#              stay as they are
 #   ncu        Nsight Compute reports (section set warps) of one workload per kernel family, kept as the CPU tests' fixtures
 #              (tests/fixtures/ncu/<family>.ncu-rep), then ncu-tables
 #   ncu-tables ncu/<family>/: the reports' tables, roofline and utilisation charts (dsactl profile --import;
