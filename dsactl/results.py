@@ -204,9 +204,10 @@ def pipeline(folder: Path) -> str:
 
 
 def _tune(folder: Path, suite_name: str) -> str:
-    """`dsactl tune --dry-run` on one suite, per kernel family: its shape buckets, how many a searched
-    configuration beat the hand-picked one by tune's margin (what tune would write), and the gain, the
-    hand-picked time over the fastest verified candidate's (1.00 where the hand-picked choice was fastest)."""
+    """One suite's `dsactl tune --json` (reproduce.sh runs it as a dry run), per kernel family: its shape
+    buckets, how many a searched configuration beat the hand-picked one by tune's margin (what tune writes),
+    and the gain, the hand-picked time over the fastest verified candidate's (1.00 where the hand-picked
+    choice was fastest)."""
     data = json.loads((folder / f"tune-{suite_name}.json").read_text())
     families: dict[str, list[dict]] = {}
     for b in data["buckets"]:
