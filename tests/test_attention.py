@@ -186,10 +186,10 @@ def test_interpreted_fp16_tiles_keep_values_past_the_fp16_range(scaled):
 @pytest.mark.parametrize("scaled, splits", [(False, n) for n in (2, 4, 8, 16, 32, 45, 64)]
                          + [(True, n) for n in (2, 4, 8, 16, 32)])
 def test_interpreted_combine_merges_partials(splits, scaled):
-    """Partials through the combine, each split count with its own launch (combine_config; past
-    COMBINE_ONE_HEAD_PAST splits, a head a program): the exact merge, a row empty in every split and one
-    split of a row empty; scaled: fp16 values times their half row's factor (the Hopper kernel's, at most
-    SCALED_MAX_SPLITS splits), values past fp16's range included."""
+    """Partials through the combine, each split count with its own launch (combine_config): the exact
+    merge, a row empty in every split and one split of a row empty; fp32: one tile of every split; scaled:
+    fp16 values times their half row's factor (the Hopper kernel's, at most SCALED_MAX_SPLITS splits),
+    values past fp16's range included."""
     num_tokens, heads = 2, (64 if splits <= 8 else 16)  # fewer heads, fewer interpreted programs
     gen = torch.Generator().manual_seed(splits)
     device = torch.device("cpu")
@@ -233,10 +233,7 @@ def test_combine_launch_tiles_the_row_inside_the_combine_tile():
             assert cfg.splits_pad >= splits and heads % cfg.block_hc == 0
             assert tsm.MLA_CKV_DIM % cfg.block_d == 0 and cfg.block_d == tsm.COMBINE_BLOCK_D
             assert cfg.splits_pad * cfg.block_hc * cfg.block_d <= tsm.COMBINE_TILE
-            if cfg.splits_pad > tsm.COMBINE_ONE_HEAD_PAST:  # a value a thread: one head on block_d threads
-                assert (cfg.block_hc, 32 * cfg.num_warps) == (1, cfg.block_d)
-            else:
-                assert cfg.num_warps == tsm.COMBINE_WARPS
+            assert cfg.num_warps == tsm.COMBINE_WARPS
     with pytest.raises(KernelInputError, match=f"1 to {tsm.MAX_SPLITS} splits"):
         tsm.combine_config(tsm.MAX_SPLITS + 1, 16)
 

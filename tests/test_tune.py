@@ -304,7 +304,7 @@ def test_tune_verifies_before_timing_and_writes_the_fastest_verified_candidate(m
     assert "small" in next(c["problem"] for c in bucket["candidates"] if c["knobs"] is broken)
     other_gpu = _entry(gpu=("NVIDIA B200", (10, 0)))
     tuned.write(tmp_path / "triton_sparse_mla.json", "triton_sparse_mla", [other_gpu])
-    [path] = sweep.write(new, tmp_path)
+    [path] = sweep.write(new, out=tmp_path)
     assert tuned.read(path) == [other_gpu, entry]  # merged: the other GPU's entry kept
 
 
@@ -342,6 +342,26 @@ def test_a_winner_within_the_noise_or_a_failing_hand_picked_choice_writes_nothin
     assert result(10.0, 9.0).chosen is not None
     assert result(10.0, 5.0, default_problem="w: wrong").chosen is None
     assert sweep.entries([result(10.0, 9.9)], "c") == {}
+
+
+def test_a_retuned_bucket_the_hand_picked_choice_holds_loses_its_stale_entry(tmp_path):
+    """A bucket tuned again where nothing beats the hand-picked choice (by MIN_GAIN) drops the entry an earlier
+    tune wrote for that GPU; other GPUs' and other buckets' entries stay, and an unverified hand-picked
+    choice settles nothing."""
+    def result(bucket, default_us, best_us, default_problem=""):
+        return search.BucketResult("attention-triton", bucket, ["w"], [
+            search.Tried(None, default_problem, {} if default_problem else {"w": default_us}),
+            search.Tried(dict(TUNED_KNOBS), "", {"w": best_us})], gpu=H200[0], capability=H200[1])
+
+    path = tmp_path / "triton_sparse_mla.json"
+    kept_gpu, stale, other = _entry(gpu=("NVIDIA B200", (10, 0))), _entry(), _entry(bucket="h16-bf16-topk2048-t8")
+    unverified = _entry(bucket="h16-bf16-topk2048-t2")
+    tuned.write(path, "triton_sparse_mla", [kept_gpu, stale, other, unverified])
+    results = [result(SMALL_BUCKET, 10.0, 9.9), result(unverified.bucket, 10.0, 5.0, default_problem="w: wrong")]
+    assert sweep.settled(results) == {"attention-triton": {stale.key}}
+    assert sweep.write(sweep.entries(results, "c"), sweep.settled(results), out=tmp_path) == [path]
+    assert sorted(tuned.read(path), key=lambda e: e.key) == sorted([kept_gpu, other, unverified], key=lambda e: e.key)
+    assert sweep.write({}, sweep.settled(results), out=tmp_path) == []  # nothing left to remove: no write
 
 
 def test_plan_tunes_each_call_with_the_kernel_the_dispatch_sends_it_to():
@@ -412,7 +432,7 @@ def test_tune_refuses_a_bad_out_json_or_method_in_one_line(monkeypatch, capsys, 
 def test_merging_into_a_malformed_table_is_an_error(tmp_path):
     (tmp_path / "triton_sparse_mla.json").write_text("{")
     with pytest.raises(DsactlError, match="cannot merge"):
-        sweep.write({"attention-triton": [_entry()]}, tmp_path)
+        sweep.write({"attention-triton": [_entry()]}, out=tmp_path)
 
 
 @pytest.mark.gpu
@@ -484,7 +504,8 @@ def test_gpu_cuda_launchers_run_the_tuned_split_count_and_still_verify(kernel, s
         pytest.skip("the dispatch sends these calls to the CUDA kernels on compute capability 9.0")
     num_tokens, heads, topk, fp8kv = shape
     definition = f"dsa_sparse_attention_h{heads}_ckv512_kpe64_topk{topk}_ps64{'_fp8kv' if fp8kv else ''}"
-    splits = kernel.num_splits_for(num_tokens, heads, topk, torch.cuda.get_device_properties(0).multi_processor_count) + 3
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    splits = kernel.num_splits_for(num_tokens, heads, topk, sms) + 3
     identity = tuned.device_identity(torch.device("cuda:0"))
     path = tmp_path / f"{kernel.LIBRARY}.json"
     tuned.write(path, kernel.LIBRARY, [tuned.Entry(*identity, tsm.tuning_bucket(*shape), {"num_splits": splits})])

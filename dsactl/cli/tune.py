@@ -84,10 +84,13 @@ def register(app: typer.Typer) -> None:
         if json_out is not None:
             write_json(json_out, sweep.report(results, command))
         new = sweep.entries(results, command)
+        stale = sweep.settled(results)
         count = sum(len(v) for v in new.values())
-        if dry_run or not new:
-            console.print(f"{count} entr{'y' if count == 1 else 'ies'} "
-                          + ("(--dry-run: nothing written)" if dry_run else "to write: the tables stay as they are"))
+        if dry_run:
+            console.print(f"{count} entr{'y' if count == 1 else 'ies'} (--dry-run: nothing written)")
             return
-        for path in sweep.write(new, out):
+        paths = sweep.write(new, stale, out)
+        if not paths:
+            console.print(f"{count} entr{'y' if count == 1 else 'ies'} to write: the tables stay as they are")
+        for path in paths:
             console.print(f"wrote {path}", markup=False)

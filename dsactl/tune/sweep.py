@@ -178,18 +178,36 @@ def table_file(family: families.Family, out: Path | None) -> Path:
     return family.table_path if out is None else out / f"{family.kernel_name}{tuned.TABLE_SUFFIX}"
 
 
-def write(new: dict[str, list[tuned.Entry]], out: Path | None = None) -> list[Path]:
-    """Merge each family's new entries into its table (other GPUs' entries kept); the files written.
-    The launchers of this process read the tables written beside them again."""
+def settled(results: Sequence[BucketResult]) -> dict[str, set[tuple]]:
+    """Family name -> the table keys (gpu, capability, bucket) of the buckets whose verified hand-picked
+    choice no candidate beat: an entry an earlier tune wrote there is stale (the kernel or the hand-picked
+    choice changed since) and goes."""
+    out: dict[str, set[tuple]] = {}
+    for r in results:
+        if r.capability is not None and r.default.total_us is not None and r.chosen is None:
+            out.setdefault(r.family, set()).add((r.gpu, r.capability, r.bucket))
+    return out
+
+
+def write(new: dict[str, list[tuned.Entry]], stale: dict[str, set[tuple]] | None = None,
+          out: Path | None = None) -> list[Path]:
+    """Merge each family's new entries into its table (other GPUs' entries kept) and remove its stale keys
+    (settled()); the files that changed. The launchers of this process read the tables written beside
+    them again."""
+    stale = stale or {}
     written = []
-    for name, found in new.items():
+    for name in sorted(set(new) | set(stale)):
         family = families.get(name)
         path = table_file(family, out)
         try:
             old = tuned.read(path)
         except ValueError as e:
             raise DsactlError(f"{path}: cannot merge into it ({e}); fix or remove it first") from None
-        tuned.write(path, family.kernel_name, tuned.merge(old, found))
+        gone = stale.get(name, set())
+        merged = [e for e in tuned.merge(old, new.get(name, [])) if e.key not in gone]
+        if merged == old:
+            continue
+        tuned.write(path, family.kernel_name, merged)
         written.append(path)
         if out is None and name in _loaded_families():
             space.table(family).reload()

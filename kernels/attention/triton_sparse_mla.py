@@ -67,10 +67,12 @@ MAX_SPLITS = 64
 COMBINE_BLOCK_D = 64
 COMBINE_TILE = 8192
 COMBINE_WARPS = 4
-# A thread holds every split's values, max and sum (scaled: and factor) at once. Past this many splits a
-# program takes one head on two warps, a value a thread: 188 registers at 64 splits (sm_90a), where two
-# heads on four warps spilled.
-COMBINE_ONE_HEAD_PAST = 32
+# Two forms, by partials. fp32 partials (split_partials: this kernel's and mma_mla's, up to 64 splits) are
+# reduced as one [heads, splits, columns] tile; on the contest attention (16 heads, H100, CUPTI) that took
+# 2.34 us at 64 splits, where summing split by split took 2.78 at 32 (and 64 splits, a value a thread,
+# needed one head a program). Scaled partials (the Hopper kernel's fp16, up to 32 splits) are summed split
+# by split, unrolled, each thread holding every split's values, max, sum and factor: the tile's shuffles and
+# shared memory were slower there.
 # Scaled partials (scaled_split_partials: the Hopper kernel's, whose splits hold a 64-token block at least,
 # 32 of topk 2048) come in at most this many splits: at 64 a thread would hold each split's values, max, sum
 # and factor, 256 registers, which spills.
@@ -494,29 +496,40 @@ def _sparse_mla_combine_kernel(
     heads = tl.program_id(1) * BLOCK_HC + tl.arange(0, BLOCK_HC)
     t = tl.program_id(2)
     d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
-    # Split by split, unrolled: every thread sums its own [heads, columns] elements over the splits in
-    # registers, all their loads issued before their sums. (One [heads, splits, columns] tile reduced over
-    # splits spread the splits over threads and warps: a shuffle and shared-memory reduction. A runtime loop
-    # over groups of splits issued each split's loads just before its sums: about two in flight.)
-    m_all = tl.full([BLOCK_HC], float("-inf"), tl.float32)
-    for s in tl.static_range(SPLITS_PAD):
-        part = (t * num_splits + s) * num_heads + heads
-        live = tl.full([BLOCK_HC], s, tl.int32) < num_splits  # a tensor: the interpreter takes no scalar mask
-        m_all = tl.maximum(m_all, tl.load(part_m_ptr + part, mask=live, other=float("-inf")))
-    ref = tl.where(m_all == float("-inf"), 0.0, m_all)  # empty splits weigh 0
-    acc = tl.zeros([BLOCK_HC, BLOCK_D], tl.float32)
-    l_all = tl.zeros([BLOCK_HC], tl.float32)
-    for s in tl.static_range(SPLITS_PAD):
-        part = (t * num_splits + s) * num_heads + heads
-        live = tl.full([BLOCK_HC], s, tl.int32) < num_splits
-        values = tl.load(part_acc_ptr + part[:, None].to(tl.int64) * _D_CKV + d[None, :], mask=live[:, None],
-                         other=0.0)
-        w = tl.exp2(tl.load(part_m_ptr + part, mask=live, other=float("-inf")) - ref)
-        l_all += w * tl.load(part_l_ptr + part, mask=live, other=0.0)
-        if SCALED:
-            half = chunk * BLOCK_D // _SCALE_COLUMNS
+    if SCALED:  # split by split, unrolled: every split's loads issued before their sums
+        half = chunk * BLOCK_D // _SCALE_COLUMNS
+        m_all = tl.full([BLOCK_HC], float("-inf"), tl.float32)
+        for s in tl.static_range(SPLITS_PAD):
+            part = (t * num_splits + s) * num_heads + heads
+            live = tl.full([BLOCK_HC], s, tl.int32) < num_splits  # a tensor: the interpreter takes no scalar mask
+            m_all = tl.maximum(m_all, tl.load(part_m_ptr + part, mask=live, other=float("-inf")))
+        ref = tl.where(m_all == float("-inf"), 0.0, m_all)  # empty splits weigh 0
+        acc = tl.zeros([BLOCK_HC, BLOCK_D], tl.float32)
+        l_all = tl.zeros([BLOCK_HC], tl.float32)
+        for s in tl.static_range(SPLITS_PAD):
+            part = (t * num_splits + s) * num_heads + heads
+            live = tl.full([BLOCK_HC], s, tl.int32) < num_splits
+            values = tl.load(part_acc_ptr + part[:, None].to(tl.int64) * _D_CKV + d[None, :], mask=live[:, None],
+                             other=0.0)
+            w = tl.exp2(tl.load(part_m_ptr + part, mask=live, other=float("-inf")) - ref)
+            l_all += w * tl.load(part_l_ptr + part, mask=live, other=0.0)
             w *= tl.load(part_scale_ptr + part * (_D_CKV // _SCALE_COLUMNS) + half, mask=live, other=0.0)
-        acc += w[:, None] * values.to(tl.float32)
+            acc += w[:, None] * values.to(tl.float32)
+    else:  # one [heads, splits, columns] tile, every load issued before any is used
+        s = tl.arange(0, SPLITS_PAD)
+        in_use = s < num_splits
+        # Splits second: Triton lays warps along the first axis, so the reduction over splits stays in
+        # registers (with splits first it went through shared memory: 128 heads x 8 tokens x 8 splits took
+        # 14.4 us, H200).
+        part = (t * num_splits + s[None, :]) * num_heads + heads[:, None]
+        values = tl.load(part_acc_ptr + part[:, :, None].to(tl.int64) * _D_CKV + d[None, None, :],
+                         mask=in_use[None, :, None], other=0.0)
+        m = tl.load(part_m_ptr + part, mask=in_use[None, :], other=float("-inf"))
+        l = tl.load(part_l_ptr + part, mask=in_use[None, :], other=0.0)
+        m_all = tl.max(m, 1)
+        w = tl.exp2(m - tl.where(m_all == float("-inf"), 0.0, m_all)[:, None])  # empty splits weigh 0
+        acc = tl.sum(w[:, :, None] * values, 1)
+        l_all = tl.sum(w * l, 1)
     out, lse = _finalize(acc, m_all, l_all, sink_ptr, heads, has_sink, lse_scale)
     tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + d[None, :], out.to(tl.bfloat16))
     if chunk == 0:
@@ -714,7 +727,7 @@ def launch_splits(table: Table, num_tokens: int, heads: int, topk: int, fp8kv: b
 @dataclass(frozen=True)
 class CombineConfig:
     splits_pad: int  # splits padded to a power of two
-    block_hc: int  # heads per program: as many as fit in COMBINE_TILE (one past COMBINE_ONE_HEAD_PAST splits)
+    block_hc: int  # heads per program: as many as fit in COMBINE_TILE
     block_d: int  # columns per program
     num_warps: int
 
@@ -724,8 +737,6 @@ def combine_config(num_splits: int, heads: int) -> CombineConfig:
     """The combine's launch for `num_splits` splits of `heads` heads (fp32 or scaled fp16 partials)."""
     _check(1 <= num_splits <= MAX_SPLITS, f"the combine merges 1 to {MAX_SPLITS} splits, got {num_splits}")
     splits_pad = max(2, next_power_of_2(num_splits))
-    if splits_pad > COMBINE_ONE_HEAD_PAST:
-        return CombineConfig(splits_pad, 1, COMBINE_BLOCK_D, COMBINE_BLOCK_D // 32)
     block_hc = min(heads, COMBINE_TILE // (splits_pad * COMBINE_BLOCK_D))
     return CombineConfig(splits_pad, block_hc, COMBINE_BLOCK_D, COMBINE_WARPS)
 
