@@ -552,9 +552,12 @@ for c in configs:
 
 
 def test_the_attention_combine_issues_its_splits_loads_before_their_sums(tmp_path):
-    """Each combine configuration sums split by split with every split's loads already in flight: a
-    load's value is first read with at least splits / 2 loads outstanding (median). (A runtime loop over
-    groups of splits compiles to one split's loads, its sums, the next split's loads: two in flight.)"""
+    """Each configuration of the split-by-split form (scaled partials) sums with every split's loads already
+    in flight: a load's value is first read with at least splits / 2 loads outstanding (median). (A runtime
+    loop over groups of splits compiles to one split's loads, its sums, the next split's loads: two in
+    flight.) Every configuration builds without spills. The fp32 partials' one-tile form, whose loads ptxas
+    interleaves with the reduction, is held to its measured time instead (triton_sparse_mla.py, the
+    combine's two forms)."""
     import json
 
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # a child: this process may interpret
@@ -563,6 +566,8 @@ def test_the_attention_combine_issues_its_splits_loads_before_their_sums(tmp_pat
     assert done.returncode == 0, done.stderr[-3000:]
     built = [json.loads(line) for line in done.stdout.splitlines()]
     assert built and not any(spills for *_, spills in built)
-    for name, splits, cubin, _ in built:
+    scaled = [(name, splits, cubin) for name, splits, cubin, _ in built if name.endswith("_scaled")]
+    assert scaled
+    for name, splits, cubin in scaled:
         in_flight = sorted(_loads_in_flight(Path(cubin)))
         assert in_flight[len(in_flight) // 2] >= splits // 2, (name, in_flight)

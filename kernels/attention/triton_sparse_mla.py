@@ -68,11 +68,11 @@ COMBINE_BLOCK_D = 64
 COMBINE_TILE = 8192
 COMBINE_WARPS = 4
 # Two forms, by partials. fp32 partials (split_partials: this kernel's and mma_mla's, up to 64 splits) are
-# reduced as one [heads, splits, columns] tile; on the contest attention (16 heads, H100, CUPTI) that took
-# 2.34 us at 64 splits, where summing split by split took 2.78 at 32 (and 64 splits, a value a thread,
-# needed one head a program). Scaled partials (the Hopper kernel's fp16, up to 32 splits) are summed split
-# by split, unrolled, each thread holding every split's values, max, sum and factor: the tile's shuffles and
-# shared memory were slower there.
+# reduced as one [heads, splits, columns] tile. Contest attention at T=1 (16 heads, H100, CUPTI): in one run
+# the tile took 2.34 us at 64 splits and summing split by split 2.78 at 32 (at 64, a value a thread, it needed
+# one head a program); in another the tile took 2.08 at 32 splits. Scaled partials (the Hopper kernel's fp16,
+# up to 32 splits) are summed split by split, unrolled, each thread holding every split's values, max, sum
+# and factor: the tile's shuffles and shared memory were slower there.
 # Scaled partials (scaled_split_partials: the Hopper kernel's, whose splits hold a 64-token block at least,
 # 32 of topk 2048) come in at most this many splits: at 64 a thread would hold each split's values, max, sum
 # and factor, 256 registers, which spills.
