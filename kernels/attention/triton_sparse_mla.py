@@ -64,15 +64,15 @@ MAX_SPLITS = 64
 # COMBINE_TILE values, all loaded before they are summed; fewer splits, more heads. Contest suite mean
 # (H200, a [heads, splits, columns] tile reduced at once): 64 columns 9.22 us, 128 columns 9.52, 32
 # columns 9.47; 64 columns with a 4096-value tile 9.68.
-COMBINE_BLOCK_D = 64
-COMBINE_TILE = 8192
-COMBINE_WARPS = 4
 # Two forms, by partials. fp32 partials (split_partials: this kernel's and mma_mla's, up to 64 splits) are
 # reduced as one [heads, splits, columns] tile. Contest attention at T=1 (16 heads, H100, CUPTI): in one run
 # the tile took 2.34 us at 64 splits and summing split by split 2.78 at 32 (at 64, a value a thread, it needed
 # one head a program); in another the tile took 2.08 at 32 splits. Scaled partials (the Hopper kernel's fp16,
 # up to 32 splits) are summed split by split, unrolled, each thread holding every split's values, max, sum
 # and factor: the tile's shuffles and shared memory were slower there.
+COMBINE_BLOCK_D = 64
+COMBINE_TILE = 8192
+COMBINE_WARPS = 4
 # Scaled partials (scaled_split_partials: the Hopper kernel's, whose splits hold a 64-token block at least,
 # 32 of topk 2048) come in at most this many splits: at 64 a thread would hold each split's values, max, sum
 # and factor, 256 registers, which spills.
