@@ -30,8 +30,8 @@
 #              (tests/fixtures/ncu/<family>.ncu-rep), then ncu-tables
 #   ncu-tables ncu/<family>/: the reports' tables, roofline and utilisation charts (dsactl profile --import;
 #              needs no GPU, so it also runs where the GPU machine's ncu-report cannot read them)
-#   ncu-flashmla  ncu/attention-vs-flashmla/: Nsight Compute (warps: stall reasons too) on our FP8 decode and
-#              FlashMLA's on the same 64/128-head workloads (T=128, 256), in one run
+#   ncu-flashmla  ncu/attention-vs-flashmla/: Nsight Compute (warps: stall reasons too) on our decode and
+#              FlashMLA's on the same 64/128-head workloads (T=128, 256), FP8 and bf16 KV, in one run
 #   readme     README.md's result tables rewritten from the CSVs above (python3 -m dsactl.results)
 #
 # FlashMLA (the `-b flashmla` baseline) is built from source when .baselines/FlashMLA holds its repository
@@ -124,11 +124,14 @@ for area in "${AREAS[@]}"; do
       rm -rf /tmp/ncu-vs-flashmla
       # Reading the reports can crash where only ncu's own ncu_report is at hand; they stay in
       # /tmp/ncu-vs-flashmla, and the import line below runs anywhere `pip install ncu-report` works.
-      "${DSACTL[@]}" profile --ncu warps --suite scale --solution dsactl-attention-fp8kv -b flashmla \
-        -w scale-attention-h64-t128-fp8 -w scale-attention-h128-t128-fp8 \
-        -w scale-attention-h64-t256-fp8 -w scale-attention-h128-t256-fp8 -o /tmp/ncu-vs-flashmla
-      ls /tmp/ncu-vs-flashmla/*.ncu-rep >/dev/null &&
-        "${DSACTL[@]}" profile $(printf -- '--import %s ' /tmp/ncu-vs-flashmla/*.ncu-rep) \
+      for solution in dsactl-attention-fp8kv dsactl-attention; do  # FP8 KV, then bf16 (FlashMLA: sparse prefill)
+        kv=$([ $solution = dsactl-attention ] && echo bf16 || echo fp8)
+        "${DSACTL[@]}" profile --ncu warps --suite scale --solution $solution -b flashmla \
+          -w scale-attention-h64-t128-$kv -w scale-attention-h128-t128-$kv \
+          -w scale-attention-h64-t256-$kv -w scale-attention-h128-t256-$kv -o /tmp/ncu-vs-flashmla/$kv
+      done
+      ls /tmp/ncu-vs-flashmla/*/*.ncu-rep >/dev/null &&
+        "${DSACTL[@]}" profile $(printf -- '--import %s ' /tmp/ncu-vs-flashmla/*/*.ncu-rep) \
           -o "$DIR/ncu/attention-vs-flashmla" ;;
     readme) python3 -m dsactl.results --write README.md ;;
     *) echo "reproduce.sh: unknown area $area" >&2; exit 2 ;;

@@ -212,9 +212,17 @@ __device__ __forceinline__ void cp_async_16(uint32_t dst, const void* src, uint3
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// One arrival on the barrier once this thread's cp.async copies issued so far have landed, without the
+// thread waiting for them; the barrier's count includes it (.noinc). (Without .noinc, which raises the
+// count by one at issue, synccheck reported missing waits and racecheck a race on the later hand-offs.)
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t bar) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(bar) : "memory");
+}
 
 // Shared memory written through the generic proxy (st.shared, cp.async) that wgmma (the async
-// proxy) reads next: each writing thread fences before the barrier that publishes the data.
+// proxy) reads next: a writing thread that waited for its writes fences before the barrier that
+// publishes them; writes a barrier completes for the writer (cp_async_mbar_arrive) are fenced by
+// each reader after its wait.
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 
 __device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
