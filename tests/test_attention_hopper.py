@@ -92,6 +92,13 @@ def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds
     tma = [name for name, body in kernels.items() if "UTMALDG.3D" in body]
     assert len(tma) == 1 and "ILb0ELi1ELb1ELb0ELb0E" in tma[0], list(kernels)
     assert kernels[tma[0]].count("UTMALDG.3D") == 9
+    # Copied rows (bf16, both Q loads; FP8 staged) are published as their copies land
+    # (cp.async.mbarrier.arrive), the producer never waiting for them: only the bf16 kernel that loads Q
+    # by cp.async waits for a copy group (that Q).
+    arriving = {re.search(r"ILb\dELi\dELb\dELb\dELb\dE", name).group(0) for name, body in kernels.items()
+                if "ARRIVES.LDGSTSBAR" in body}
+    assert arriving == {"ILb0ELi1ELb0ELb0ELb0E", "ILb0ELi1ELb1ELb0ELb0E", "ILb1ELi1ELb0ELb1ELb0E"}, arriving
+    assert sum(body.count("LDGDEPBAR") for body in kernels.values()) == 1
     # The L2 prefetch (prefetch.global.L2) in the FP8 kernel that asks for it alone.
     prefetching = [name for name, body in kernels.items() if "CCTL.E.PF2" in body]
     assert len(prefetching) == 1 and "ILb1ELi1ELb0ELb0ELb1E" in prefetching[0], list(kernels)
