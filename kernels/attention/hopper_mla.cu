@@ -1368,6 +1368,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   static_assert(!(kFp8 && kQTma), "FP8 converts Q in its consumers; only bf16 loads it by TMA");
   static_assert(!kL2Prefetch || (kFp8 && !kStaged && kPeers == 1), "only the unshared FP8 gather prefetches");
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  // The producer copies rows by cp.async (produce_rows), which complete their stage's full barrier as
+  // they land: bf16 and staged rows.
+  constexpr bool kCopied = !kFp8 || kStaged;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t raw = smem_addr(smem_raw);
   const uint32_t aligned = (raw + kAtomAlign - 1) & ~static_cast<uint32_t>(kAtomAlign - 1);
@@ -1384,9 +1387,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
     *sm.q_over() = 0;
     for (int r = 0; r < kHeadsPerCta; ++r) sm.row_bits()[r] = 0;  // FP8's Q rows' maxima (load_q_f16)
     for (int s = 0; s < kStages; ++s) {
-      // Every local producer thread arrives (the peer: bytes), and its copies once more where it copies
-      // rows (produce_rows).
-      mbar_init(sm.full(s), (!kFp8 || kStaged) ? 2 * kWarpgroupThreads : kWarpgroupThreads);
+      // Every local producer thread arrives (the peer: bytes), and its copies once more (kCopied).
+      mbar_init(sm.full(s), kCopied ? 2 * kWarpgroupThreads : kWarpgroupThreads);
       // Every local consumer thread and, in a cluster, every consumer warp of the peer.
       mbar_init(sm.empty(s), kConsumerThreads + (kPeers - 1) * kConsumerThreads / 32);
     }
@@ -1430,13 +1432,13 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
     setmaxnreg_inc<Regs<kFp8>::kSoftmax>();
     bool q_rows_shifted = false;
     if constexpr (kFp8) q_rows_shifted = load_q_f16(p, sm, w, threadIdx.x - kWarpgroupThreads);
-    consume_softmax<kFp8, kPeers, kQTma, !kFp8 || kStaged>(p, sm, w, peer_delta, q_rows_shifted);
+    consume_softmax<kFp8, kPeers, kQTma, kCopied>(p, sm, w, peer_delta, q_rows_shifted);
   } else {
     setmaxnreg_inc<Regs<kFp8>::kPv>();
     // This warpgroup never reads Q but loads half of it, through the same barriers (with bar.arrive on
     // kBarQReady here racecheck reported the consumers' later hand-off of the rescale factors as a race).
     if constexpr (kFp8) load_q_f16(p, sm, w, threadIdx.x - kWarpgroupThreads);
-    consume_pv<kFp8, kPeers, !kFp8 || kStaged>(p, sm, w, peer_delta);
+    consume_pv<kFp8, kPeers, kCopied>(p, sm, w, peer_delta);
   }
   // A CTA's shared memory must outlive the peer's last store and arrivals into it.
   if constexpr (kPeers > 1) cluster_sync();
