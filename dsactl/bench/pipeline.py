@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, Callable, Protocol, Sequence
 
+from dsactl import png
 from dsactl.bench.report import read_meta, write_meta
 from dsactl.errors import DsactlError
 
@@ -264,7 +265,7 @@ def plot_stages(rows: Sequence[PipelineRow], path: str | Path) -> Path:
     each timed alone, plus what the replay takes beyond them (the gaps between kernels, and whatever the stages
     cost more inside the step), with the replay's event time and the eager step's time marked: one horizontal
     bar a shape, log time axis."""
-    from dsactl.bench.plot import DPI, _pyplot
+    from dsactl.bench.plot import _pyplot
 
     plt = _pyplot()
     timed = [r for r in rows if r.indexer_us is not None and r.attention_us is not None]
@@ -289,6 +290,6 @@ def plot_stages(rows: Sequence[PipelineRow], path: str | Path) -> Path:
     # Below the axes: inside, the legend would cover the last shapes' bars.
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.5 / len(timed) - 0.04), ncol=3)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    png.save(fig, path)
     plt.close(fig)
     return Path(path)

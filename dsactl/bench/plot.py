@@ -8,11 +8,11 @@ import statistics
 from pathlib import Path
 from typing import Sequence
 
+from dsactl import png
 from dsactl.bench.metrics import SIZE_NAMES, stage
 from dsactl.bench.runner import Result
 from dsactl.definitions import get as get_definition
 
-DPI = 120
 
 
 def _pyplot():
@@ -46,7 +46,7 @@ def _save_size_plot(plt, fig, ax, definition: str, ylabel: str, path: Path) -> P
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    png.save(fig, path)
     plt.close(fig)
     return path
 
@@ -72,7 +72,7 @@ def speedup_plot(results: Sequence[Result], definition: str, path: Path) -> Path
     ax.set_title(definition, fontsize=9)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    png.save(fig, path)
     plt.close(fig)
     return path
 

@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from dsactl import png
+
 UTILISATION = (("sm_pct", "SM"), ("l1_pct", "L1/TEX"), ("l2_pct", "L2"), ("dram_pct", "DRAM"))
 
 
@@ -57,7 +59,7 @@ def roofline(classes, roofs: Roofs, path: Path, title: str) -> Path:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    png.save(fig, path)
     plt.close(fig)
     return path
 
@@ -83,7 +85,7 @@ def utilisation(classes, path: Path, title: str) -> Path:
     ax.legend(fontsize=8)
     ax.grid(True, axis="y", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    png.save(fig, path)
     plt.close(fig)
     return path
 
