@@ -14,12 +14,12 @@ DPI = 120
 PALETTE_COLORS = 256
 
 
-def save(fig, path: Path, dpi: int = DPI) -> Path:
-    """Render `fig` at `dpi` and write it to `path` as an optimized 8-bit palette PNG."""
+def save(fig, path: Path) -> Path:
+    """Render `fig` at DPI and write it to `path` as an optimized 8-bit palette PNG."""
     from PIL import Image
 
     buffer = io.BytesIO()
-    fig.savefig(buffer, format="png", dpi=dpi)
+    fig.savefig(buffer, format="png", dpi=DPI)
     buffer.seek(0)
     with Image.open(buffer) as image:
         image.convert("RGB").quantize(colors=PALETTE_COLORS, method=Image.Quantize.MEDIANCUT).save(

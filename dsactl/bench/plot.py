@@ -14,7 +14,6 @@ from dsactl.bench.runner import Result
 from dsactl.definitions import get as get_definition
 
 
-
 def _pyplot():
     import matplotlib
 
