@@ -122,10 +122,11 @@ def _attention(folder: Path, fp8: bool) -> str:
         ours = _ours(cells, h)
         theirs = cells.get((h, "flashmla"), {})
         impl = sorted({r.impl for r in ours.values()} - {""})
-        rows.append((f"{h}", "dsactl" + (f" ({', '.join(impl)})" if impl else ""), *_times(ours, ts)))
-        if h < MEMORY_BOUND_BELOW_HEADS:
-            rows.append((f"{h}", "dsactl, % of copy bandwidth",
-                         *(f"{ours[t].pct_copy_bw:.0f}%" if t in ours and ours[t].pct_copy_bw else "—" for t in ts)))
+        times = _times(ours, ts)
+        if h < MEMORY_BOUND_BELOW_HEADS:  # the share of the copy bandwidth beside the time
+            times = [f"{c} ({ours[t].pct_copy_bw:.0f}%)" if t in ours and ours[t].pct_copy_bw else c
+                     for c, t in zip(times, ts)]
+        rows.append((f"{h}", "dsactl" + (f" ({', '.join(impl)})" if impl else ""), *times))
         if theirs:
             rows.append((f"{h}", "FlashMLA" + (" (padded to 64 heads)" if h < 64 else ""), *_times(theirs, ts)))
             rows.append((f"{h}", "FlashMLA / dsactl", *(_ratio(theirs, ours, t) for t in ts)))
