@@ -351,6 +351,12 @@ def test_check_rejects_schema_errors_and_oversized_bundles(ref_bundle):
         check_bundle(_hand_made(ref_bundle, **{"notes.txt": "x" * MAX_BUNDLE_BYTES}))
 
 
+def test_every_definition_passes_flashinfer_benchs_definition_model():
+    fib = pytest.importorskip("flashinfer_bench.data")
+    for d in definitions.all_definitions():
+        fib.Definition.model_validate(d.to_json())
+
+
 def test_flashinfer_bench_builds_and_runs_our_bundle(ref_bundle, tmp_path, monkeypatch):
     fib = pytest.importorskip("flashinfer_bench.data")
     from flashinfer_bench.compile.builders.python_builder import PythonBuilder
@@ -361,14 +367,8 @@ def test_flashinfer_bench_builds_and_runs_our_bundle(ref_bundle, tmp_path, monke
             fib.Solution.model_validate(build_bundle(registered, d.name, "n", "a"))
     solution = fib.Solution.model_validate(ref_bundle)
     assert solution.get_entry_symbol() == "run"
-    # dsactl's Definition JSON does not yet pass flashinfer-bench's Definition model (it wants the
-    # reference named `run` and constraints that are Python expressions); the builder needs only
-    # the definition's name and arity.
-    fib_definition = definitions.get(TOPK).to_json()
-    fib_definition["reference"] = fib_definition["reference"].replace("def reference(", "def run(", 1)
-    fib_definition["constraints"] = []
     monkeypatch.setenv("FIB_CACHE_PATH", str(tmp_path / "fib"))
-    runnable = PythonBuilder().build(fib.Definition.model_validate(fib_definition), solution)
+    runnable = PythonBuilder().build(fib.Definition.model_validate(definitions.get(TOPK).to_json()), solution)
     call = _tiny_call(seed=2)
     runnable(*call.args())
     assert torch.equal(call.outputs["topk_indices"], _expected(call))
