@@ -1,6 +1,7 @@
 """dsactl tune and the tuned-config tables: the table round-trips, the launchers use a matching entry and
 fall back to the hand-picked choice otherwise, candidates are verified before they are timed, and the
-fastest verified one is written with the hand-picked choice's time. The GPU test tunes real shapes."""
+fastest verified one is written with the hand-picked choice's time when it beats it by the margin. The GPU
+tests tune real shapes, one with planted faster, slower and wrong candidates under bench's timer."""
 
 from __future__ import annotations
 
@@ -277,14 +278,15 @@ def test_tune_verifies_before_timing_and_writes_the_fastest_verified_candidate(m
         return lambda *args: (run(*args), args[-2].zero_())
 
     monkeypatch.setattr(search, "forced", forced)
-    timer = FakeTimer(monkeypatch, lambda cfg, splits: 5.0 if cfg.num_warps == fastest["num_warps"]
-                      and (cfg.block_n, cfg.num_stages, splits) == (fastest["block_n"], fastest["num_stages"],
-                                                                   fastest["num_splits"]) else 10.0 + splits)
+    broken_plan = tsm.tuned_launch(broken, 16, 128, False)
+    fastest_plan = tsm.tuned_launch(fastest, 16, 128, False)
+    # The broken candidate would be the fastest of all, were it timed.
+    timer = FakeTimer(monkeypatch, lambda cfg, splits: {broken_plan: 1.0, fastest_plan: 5.0}.get((cfg, splits),
+                                                                                                  10.0 + splits))
     settings = search.Settings(warmup=0, iters=2, trials=1, verify_trials=1)
     result = search.tune_bucket(ATTENTION, SMALL_BUCKET, [w], found, timer, settings, "cpu")
     refused = [t for t in result.tried if t.problem]
     assert [t.knobs for t in refused] == [broken] and "small" in refused[0].problem
-    broken_plan = tsm.tuned_launch(broken, 16, 128, False)
     assert broken_plan not in timer.timed and len(timer.timed) == len(found) - 1
     assert result.winner.knobs == fastest and result.chosen is result.winner
     assert result.default.knobs is None and result.default.total_us == 10.0 + hand[1]
@@ -306,6 +308,27 @@ def test_tune_verifies_before_timing_and_writes_the_fastest_verified_candidate(m
     tuned.write(tmp_path / "triton_sparse_mla.json", "triton_sparse_mla", [other_gpu])
     [path] = sweep.write(new, out=tmp_path)
     assert tuned.read(path) == [other_gpu, entry]  # merged: the other GPU's entry kept
+
+
+@pytest.mark.parametrize("ratio, written", [(1 + search.MIN_GAIN, False), (1 - search.MIN_GAIN / 2, False),
+                                            (1 - 2 * search.MIN_GAIN, True)],
+                         ids=["slower", "faster-within-the-margin", "faster-beyond-the-margin"])
+def test_tune_replaces_the_hand_picked_choice_only_with_a_candidate_faster_by_the_margin(monkeypatch, ratio, written):
+    """One candidate beside the hand-picked choice, timed at ratio x its time: a slower one never wins; one
+    faster by less than MIN_GAIN ranks first but is not written, and the bucket counts as settled (an old
+    entry for it goes); one faster by more is written."""
+    w = Workload("small", SMALL, "test", "full", {"num_tokens": 2, "num_pages": 8})
+    hand = tsm.hand_picked(2, 16, 128, False, SMS)
+    knobs = next(k for k in space.candidates(ATTENTION, [w], SMS)[1:] if tsm.tuned_launch(k, 16, 128, False) != hand)
+    timer = FakeTimer(monkeypatch, lambda cfg, splits: 10.0 if (cfg, splits) == hand else 10.0 * ratio)
+    settings = search.Settings(warmup=0, iters=2, trials=1, verify_trials=1)
+    result = search.tune_bucket(ATTENTION, SMALL_BUCKET, [w], [None, knobs], timer, settings, "cpu")
+    result.gpu, result.capability = H200
+    assert [t.total_us for t in result.tried] == pytest.approx([10.0, 10.0 * ratio])
+    assert result.winner is result.tried[1 if ratio < 1 else 0]
+    new = sweep.entries([result], "c").get("attention-triton", [])
+    assert [(e.key, e.config) for e in new] == ([((*H200, SMALL_BUCKET), knobs)] if written else [])
+    assert sweep.settled([result]) == ({} if written else {"attention-triton": {(*H200, SMALL_BUCKET)}})
 
 
 def test_the_results_table_counts_each_familys_beaten_buckets_and_its_gains(tmp_path, monkeypatch):
@@ -435,19 +458,62 @@ def test_merging_into_a_malformed_table_is_an_error(tmp_path):
         sweep.write({"attention-triton": [_entry()]}, out=tmp_path)
 
 
-@pytest.mark.gpu
-def test_tune_on_the_gpu_finds_a_config_at_least_as_fast_and_the_dispatcher_uses_it(tmp_path, monkeypatch):
-    """Two contest shapes: each bucket's winner is at least as fast as the hand-picked choice (one of the
-    candidates), and once an entry is in the table, a call on this GPU runs it and still verifies."""
+def _contest_attention():
     from dsactl import workloads
+
+    return [w for w in workloads.suite("contest") if w.uuid in ("contest-attention-000", "contest-attention-001")]
+
+
+@pytest.mark.gpu
+def test_gpu_tune_ranks_candidates_by_their_measured_time_and_refuses_a_wrong_one_however_fast(monkeypatch):
+    """bench's timer and the real verification on a contest bucket, with planted differences: the hand-picked
+    choice and a copy of its knobs made to run twice must time slower than the knobs run once, which win and
+    are written; a candidate that skips the kernel (its output left the poison) is refused and never timed."""
+    from dsactl.bench import runner as bench
+
+    [job] = sweep.plan(_contest_attention()[:1], search.Settings(warmup=3, iters=20, trials=2, verify_trials=1),
+                       "pytest", torch.cuda.get_device_capability()).jobs
+    num_tokens, heads, topk, fp8kv = space.bucket_shape(ATTENTION, job.workloads[0])
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    cfg, splits = tsm.hand_picked(num_tokens, heads, topk, fp8kv, sms, tsm.compact_for(torch.device("cuda:0")))
+    once = {**{k: getattr(cfg, k) for k in tsm.TUNED_KNOBS[:-1]}, "num_splits": splits}
+    twice, skipped = dict(once), dict(once)
+    real_forced = search.forced
+    steps, skipped_at = [], []  # tune's steps; the step under way at each call of the skipping candidate
+
+    def forced(table, knobs, fn):
+        run = real_forced(table, knobs, fn)
+        if knobs is skipped:
+            return lambda *args: skipped_at.append(steps[-1])
+        if knobs is None or knobs is twice:
+            return lambda *args: (run(*args), run(*args))
+        return run
+
+    monkeypatch.setattr(search, "forced", forced)
+    s = job.settings
+    timer = bench.timing_setup(bench.Settings(s.warmup, s.iters, s.trials, s.method), "pytest").timer
+    assert job.family == ATTENTION.name
+    r = search.tune_bucket(ATTENTION, job.bucket, job.workloads, [None, twice, once, skipped], timer, s, "cuda",
+                           on_step=steps.append)
+    default, slow, fast, wrong = r.tried
+    assert not (default.problem or slow.problem or fast.problem), [t.problem for t in r.tried]
+    assert wrong.problem and wrong.total_us is None
+    assert skipped_at and set(skipped_at) == {f"{job.bucket}: verify {wrong.label}"}  # verified, never timed
+    assert r.winner is fast and r.chosen is fast
+    assert slow.total_us > fast.total_us * (1 + search.MIN_GAIN)
+
+
+@pytest.mark.gpu
+def test_tune_on_the_gpu_writes_entries_the_dispatcher_then_uses(tmp_path, monkeypatch):
+    """Two contest shapes tuned end to end on this GPU; once an entry is in the table, a call on this GPU
+    runs it and still verifies."""
     from dsactl.verify import runner
 
-    chosen = [w for w in workloads.suite("contest") if w.uuid in ("contest-attention-000", "contest-attention-001")]
+    chosen = _contest_attention()
     settings = search.Settings(warmup=3, iters=10, trials=1, verify_trials=1)
     plan, results = sweep.tune(chosen, settings, "pytest")
     assert len(results) == 2 and all(r.default.total_us is not None for r in results)
     for r in results:
-        assert r.winner.total_us <= r.default.total_us
         assert r.gpu == torch.cuda.get_device_name() and r.capability == torch.cuda.get_device_capability()
     r = results[0]
     # The winner, or (when the hand-picked choice won) the fastest explicit candidate: what the table holds.
