@@ -22,14 +22,18 @@ schemas (an op schema's keyword-only arguments cannot be tensors); pass them by 
       [num_pages, 64, 512] and kpe_cache bf16 [num_pages, 64, 64], sparse_indices int32 [T, topk] (the
       indexer's ids); output bf16 [T, H, 512], lse float32 [T, H] (base 2, or e with lse_base_e).
 
-The launchers check every input and raise KernelInputError naming the argument. The ops are for
-inference: no autograd formula, and a written output's version counter is not bumped. They are defined
-with torch.library.define, impl and register_fake from schemas written out, not with
-torch.library.custom_op, whose Python wrappers (autograd, version bumps found by walking the schema)
-took 50 us of host time a call against the dispatcher's own 4 (tests/test_ops.py holds an op call to a
-bound); an eager decode step makes two calls. Registration happens once per process: importing this
-module again (a reload, or the kernels folder under another package name) finds the ops defined and
-leaves them as they are. No CUDA library is loaded here; a launcher loads its own on its first call.
+The launchers check every input and raise KernelInputError naming the argument. An id outside its cache
+is masked, never read, and counted on the device (kernels/bad_index.py): bad_index_counters(device)
+gives the live counters by stage, to be read whenever the engine chooses (a read syncs; the kernels
+never do), and reset_bad_index_counters(device) zeroes them with device ops, which a CUDA graph may
+capture. The ops are for inference: no autograd formula, and a written output's version counter is not
+bumped. They are defined with torch.library.define, impl and register_fake from schemas written out,
+not with torch.library.custom_op, whose Python wrappers (autograd, version bumps found by walking the
+schema) cost a call many times the dispatcher's own host time (docs/design.md, Engine API;
+tests/test_ops.py holds an op call to a bound); an eager decode step makes two calls. Registration
+happens once per process: importing this module again (a reload, or the kernels folder under another
+package name) finds the ops defined and leaves them as they are. No CUDA library is loaded here; a
+launcher loads its own on its first call.
 """
 
 from __future__ import annotations
@@ -37,9 +41,11 @@ from __future__ import annotations
 import torch
 
 from .attention.solution import sparse_mla_attention
+from .attention.triton_sparse_mla import BAD_INDICES
 from .fp8 import MLA_CKV_DIM
-from .indexer.score import query_shape
+from .indexer.score import BAD_PAGES, query_shape
 from .indexer.solution import dsa_topk_indexer
+from .topk.launcher import BAD_IDS
 
 NAMESPACE = "dsactl"
 _MLA_OPTIONALS = ("Tensor? kv_cache=None, Tensor? ckv_cache=None, Tensor? kpe_cache=None, Tensor? topk_length=None, "
@@ -56,6 +62,10 @@ SCHEMAS = {
                              f"Tensor(a4!) output, Tensor(a5!) lse, {_MLA_OPTIONALS}) -> ()",
 }
 OPS = tuple(SCHEMAS)
+# The counters of masked ids, by the stage that met them: block-table pages outside the indexer K cache
+# (scoring and the structural path count each once per request), ids the top-k wrote as -1 because their
+# page was outside the cache, and attention ids outside the MLA cache.
+BAD_INDEX_COUNTERS = {"indexer": BAD_PAGES, "topk": BAD_IDS, "attention": BAD_INDICES}
 
 
 def _indexer_shape(q_index_fp8: torch.Tensor, topk: int) -> tuple[int, ...]:
@@ -147,3 +157,18 @@ indexer_topk = torch.ops.dsactl.indexer_topk
 indexer_topk_out = torch.ops.dsactl.indexer_topk_out
 sparse_mla_decode = torch.ops.dsactl.sparse_mla_decode
 sparse_mla_decode_out = torch.ops.dsactl.sparse_mla_decode_out
+
+
+def bad_index_counters(device: torch.device | str) -> dict[str, torch.Tensor]:
+    """The int32 [1] counters on `device` that the kernels add masked ids to, by stage (BAD_INDEX_COUNTERS).
+    The tensors are the kernels' own, kept for the life of the process: hold them and read them when you
+    choose (a read syncs with the device; getting them does not). The first get on a device allocates and
+    zeroes those a call has not yet made, so get them before capturing a CUDA graph."""
+    return {stage: counter.tensor(device) for stage, counter in BAD_INDEX_COUNTERS.items()}
+
+
+def reset_bad_index_counters(device: torch.device | str) -> None:
+    """Zero every stage's counter on `device`: device ops on the current stream (no host sync), so they
+    order with the kernels around them and a CUDA graph may capture them."""
+    for counter in BAD_INDEX_COUNTERS.values():
+        counter.reset(device)

@@ -12,7 +12,10 @@ and returns those two buffers: the next call overwrites them. The ids stay on th
 stages, in the contract's form (physical token ids, -1 padded), and nothing waits for the host, so a
 call can be captured in a CUDA graph (after one warm-up call, which compiles the kernels) and replayed
 on new values copied into the same input tensors. The kernels' own scratch (scores, split partials)
-comes from PyTorch's caching allocator, stream-ordered, and from the graph's pool under capture.
+comes from PyTorch's caching allocator, stream-ordered, and from the graph's pool under capture. A
+block-table page outside the caches is masked, never read, and counted on the device, not reported by
+the call (that would sync): ops.bad_index_counters(device) gives the counters, for the engine to read
+when it chooses, and ops.reset_bad_index_counters(device) zeroes them.
 
 Inputs (B = batch, N = next_n, T = B * N query tokens, P = max_pages = ceil(max_context / 64)):
   q_index_fp8       float8_e4m3fn [B, index_heads, 128] (N = 1) or [B, N, index_heads, 128], contiguous
