@@ -28,7 +28,8 @@ from ..triton_options import FP_FUSION
 from .triton_sparse_mla import _fp8_scales_rope, _fp8_tokens, _token_shift
 
 ROW_DIM = MLA_CKV_DIM + MLA_KPE_DIM  # 576: a staged row, ckv then rope
-# Tokens per program: 16 x 656 bytes in, 16 x 1156 out, enough bytes in flight per SM at 4 warps.
+# Tokens per program: 16 x 656 bytes in, 16 x 1156 out, enough bytes in flight per SM at 4 warps (the pass's
+# rate, no other tile measured: docs/design.md, "Measured choices").
 BLOCK_TOKENS = 16
 NUM_WARPS = 4
 

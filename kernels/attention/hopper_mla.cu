@@ -72,9 +72,9 @@
 //     before the roles start (cp.async); FP8 by the consumers, converting it to fp16 (see the kernel).
 //
 // FP8 KV runs the MMAs in fp16, not bf16: e4m3 x fp32 scale rounded to bf16 (8-bit mantissa) fails
-// the contest tolerance (1e-2 abs and rel; emulated on the test inputs: 52 of 262144 outputs and the
-// lse of 1-token rows off), rounded to fp16 (11 bits) it passes. So that path converts Q to fp16
-// once (exact for bf16 values in fp16's normal range), dequantizes K/V to fp16 and rounds P to
+// the contest tolerance (1e-2 abs and rel; emulated in tests/test_attention_hopper.py, counted in
+// docs/design.md, "Measured choices"), rounded to fp16 (11 bits) it passes. So that path converts Q to
+// fp16 once (exact for bf16 values in fp16's normal range), dequantizes K/V to fp16 and rounds P to
 // fp16. fp16 ends at 65504, bf16 and the fp32 scales do not; values past it are moved into range by
 // powers of two, which are exact and undone in fp32: a head (row of Q) with a value at 2^16 or more
 // is stored scaled by 2^-j (load_q_f16) and consumer 0 multiplies its logits by 2^j; a token whose
@@ -120,29 +120,24 @@ constexpr int kConsumerThreads = kWarpgroupThreads * kConsumers;
 constexpr int kStages = 2;  // all that fits beside the resident Q (static_assert below)
 constexpr int kClusterHeads = 128;  // FP8 at this many heads: the two head groups share the gather
 // ... when a CTA has at least this many blocks: with one, the cluster's barriers and launch cost more
-// than the halved dequantization saves (H200, h128 T=1 FP8, 32 splits: 17.7-17.8 us clustered
-// against 16.9-17.0 alone; T=8, 8 splits of 4 blocks: 39.2 against 41.2).
+// than the halved dequantization saves (docs/design.md, "Measured choices").
 constexpr int kClusterMinBlocks = 2;
 // FP8 without the cluster: the producer asks the L2 for its tokens a block ahead (produce_fp8) when a
-// split has at least this many. H100, topk 2048, A/B/B/A in one run, us without -> with, 64 heads: 32
-// blocks a split (T >= 96) T=128 123.8 -> 121.7, T=256 241.4 -> 230.5, T=512 475.1 -> 441.8 (32 heads
-// alike); 8 blocks (T=32) 41.3 -> 42.4; 2 (T=8) 22.1 -> 23.4; in between, unmeasured. The cluster's
-// producers (128 heads) lost with it: T=256 385.2 -> 402.9.
+// split has at least this many: a split of a whole row gains the bytes in flight, shorter splits and the
+// cluster's producers measured slower with it (counts in between unmeasured; docs/design.md, "Measured
+// choices").
 constexpr int kL2PrefetchMinTokens = 32 * kBlockTokens;
 // bf16 loads Q by TMA in splits of at most this many blocks, where Q's load is a large part of the
-// CTA's time; longer splits copy it with every thread first (H200, shipped cp.async against TMA, A/B/A:
-// TMA 0.3-1.4 us faster at 2-4 blocks a split, h64 T=8 17.90 -> 16.53; 1-5% slower
-// at 8 or more, h128 T=128 154.2 -> 162.8).
+// CTA's time; longer splits copy it with every thread first, which there beats TMA's overlap with the
+// gather (docs/design.md, "Measured choices").
 constexpr int kQTmaMaxBlocks = 4;
 constexpr int kMmaK = 16;   // wgmma K for bf16
 // Two splits merged in a cluster (Params::reduce_in_cluster): the 2 split CTAs of one (token, head
 // group) form one cluster (dims (1, 2, 1)); each stages its fp32 partial in its own shared memory and,
 // after a cluster barrier, merges half of the columns from both CTAs' (reduce_cluster), so no partial
-// goes through global memory and no combine launch follows. Only 2: distributed shared memory moved
-// a CTA's 128 KB partial at ~40 GB/s (3.5 us for 2 CTAs, 6.8 us for 16; H200), so with more splits
-// the merge cost more than the combine kernel at every count and grid measured (h64 T=1, 16 splits:
-// 16.5 against 12.4 us), while at 2 splits on a full grid it saves the combine's traffic (h128 T=32
-// bf16: 42.8 against 49.8 us).
+// goes through global memory and no combine launch follows. Only 2: distributed shared memory moves a
+// CTA's fp32 partial slowly, so with more splits the merge costs more than the combine kernel, while at
+// 2 splits on a full grid it saves the combine's traffic (docs/design.md, "Measured choices").
 constexpr int kClusterSplits = 2;
 
 // FP8 token layout (kernels/fp8.py).
@@ -261,8 +256,8 @@ struct Params {
 // bf16 with Q by TMA: q_nope and q_pe as [tokens][heads][512 | 64] tensor maps, 64 x 64 boxes, 128-byte
 // swizzle (q_tensor_maps); read by TMA from the kernel's parameter space (__grid_constant__). A second
 // parameter of that kernel alone (and its barrier after FP8's slot), so that the other kernels' SASS
-// stays as it was: with the maps in Params and the barrier before that slot, the FP8 kernels were
-// 0.3-0.45 us slower at T <= 8 (H200, A/B/A).
+// stays as it was: with the maps in Params and the barrier before that slot, the FP8 kernels ran slower
+// at small T (docs/design.md, "Measured choices").
 struct QMaps {
   CUtensorMap nope, pe;
 };
@@ -292,11 +287,11 @@ constexpr uint32_t kBarPartialStaged = 5;  // + c: consumer c's warpgroup staged
 constexpr uint32_t kBarQReady = 7;         // FP8: the consumers loaded Q
 
 // A partial leaves through shared memory: written straight from the accumulator layout, a store
-// of a quad covers a fraction of a sector in each of 8 rows (ncu, h128 T=1: 19% of the warp stalls
-// were "lg throttle" on those stores); staged, each warp stores 512 contiguous bytes, 16 a thread. Rows
-// are padded by 8 floats so the 8 rows of a warp's staging store fall on distinct bank octets (two
-// wavefronts for its 256 bytes, the least); the padding's first float holds the row's 2^-k. The
-// cluster merge reads the same staged fp32 partials.
+// of a quad covers a fraction of a sector in each of 8 rows and the warps stall on the store queue
+// ("lg throttle"; docs/design.md, "Measured choices"); staged, each warp stores 512 contiguous bytes,
+// 16 a thread. Rows are padded by 8 floats so the 8 rows of a warp's staging store fall on distinct
+// bank octets (two wavefronts for its 256 bytes, the least); the padding's first float holds the row's
+// 2^-k. The cluster merge reads the same staged fp32 partials.
 constexpr int kStageRowFloats = kColsPerConsumer + 8;
 constexpr int kStageBytes = kHeadsPerCta * kStageRowFloats * 4;
 constexpr int kPartialPieces = kHeadsPerCta * kColsPerConsumer / 8;  // 16-byte fp16 pieces of a consumer's partial
@@ -439,9 +434,8 @@ __device__ void produce_rows(const Params& p, const Smem& sm, const Work& w) {
       }
     }
     // Published when the copies land, without waiting for them: the producer goes on to the next
-    // block's indices and copies while these are in flight (the consumers fence, wait_stage). Against
-    // waiting for them here (H100, same run): bf16 decode 1-4% faster at 32-256 tokens (h128 T=128 155.0
-    // against 160.5 us), prefill 2-5% (bf16 and staged FP8, 1024-4096 tokens at 64 and 128 heads).
+    // block's indices and copies while these are in flight (the consumers fence, wait_stage), which
+    // beats waiting for them here (docs/design.md, "Measured choices").
     cp_async_mbar_arrive(sm.full(stage));
     mbar_arrive(sm.full(stage));  // release: the column codes above
   }
@@ -671,10 +665,10 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
   };
   // The L2 prefetch stream: the same lane's positions one block (kMyPasses passes) ahead, asked of the
   // L2 while the pass a block before them is converted, each of a token's lanes naming one 128-byte line
-  // of its 656 bytes (they span 6 or 7). The pass in registers keeps 16 tokens (10.5 KB) in flight a CTA:
-  // at a microsecond's latency about 1.4 TB/s over the GPU, the rate this producer ran at without the
-  // stream (h64 T=256, 344 MB in 222.9 us, H200). Each prefetch's index is read a pass before it is used,
-  // so the prefetch never waits for it.
+  // of its 656 bytes (they span 6 or 7). The pass in registers keeps 16 tokens (10.5 KB) in flight a CTA,
+  // which at a microsecond's latency bounds the GPU's gather near the rate this producer reaches without
+  // the stream (docs/design.md, "Measured choices"). Each prefetch's index is read a pass before it is
+  // used, so the prefetch never waits for it.
   const int* pf_ptr = idx_ptr + kBlockTokens * p.num_splits;
   int pf_left = j_left - kBlockTokens;
   static_assert(kLanesPerToken * 128 >= kFp8TokenBytes + 127, "a token's lanes name every line it touches");
@@ -722,8 +716,8 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
     store_fp8(sm, stage, first_token + lane_token, cur);
     if constexpr (kPeers > 1) {
       // Each pass goes to the peer as soon as it is written, so the copy of one overlaps the
-      // conversion of the next (0.5% at h128 T=128). st.shared (generic proxy) is read by wgmma and
-      // the bulk copy (async proxy).
+      // conversion of the next (docs/design.md, "Measured choices"). st.shared (generic proxy) is read
+      // by wgmma and the bulk copy (async proxy).
       fence_proxy_async();
       named_barrier_sync(kBarPassReady, kWarpgroupThreads);  // the whole pass is written
       if (threadIdx.x == 0) send_pass(sm, stage, first_token, peer_delta);
@@ -782,7 +776,7 @@ struct Rows {
 // O's rows times the block's rescale factors. Once the rows' maxima settle the factors are exactly 1
 // (ex2(0)) in every lane of a warp, which then skips the 128 multiplies (the same vote in every
 // thread of the warp: its rows are the warp's own). Only with kSkipOnes: on the bf16 path the vote
-// measured slower than the multiplies it saves (H200, 128 heads: 2% at 128 and 512 tokens).
+// costs more than the multiplies it saves (docs/design.md, "Measured choices").
 template <bool kSkipOnes>
 __device__ __forceinline__ void rescale_rows(float (&o)[kORegs], const float (&alpha)[2]) {
   if constexpr (kSkipOnes) {
@@ -905,8 +899,8 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
   }
   named_barrier_sync(kBarPartialStaged + c, kWarpgroupThreads);
   const int tid = threadIdx.x % kWarpgroupThreads;
-  // Not unrolled: this epilogue runs once, and unrolled its code cost the FP8 kernels more in instruction
-  // fetch than the loop costs (H100, h64 T=8 FP8: 30.19 us unrolled, 22.45 not; T=1 26.14, 19.55).
+  // Not unrolled: this epilogue runs once, and unrolled its code costs the FP8 kernels more in instruction
+  // fetch than the loop costs (docs/design.md, "Measured choices").
 #pragma unroll 1
   for (int k = 0; k < kPartialPieces / kWarpgroupThreads; ++k) {
     const int piece = k * kWarpgroupThreads + tid;
@@ -1315,8 +1309,9 @@ __device__ __forceinline__ void load_q_bf16_tma(const QMaps& maps, const Smem& s
 // The rows' maxima are cleared in the kernel's prologue: cleared here, behind a barrier of their own,
 // racecheck reported consumer 0's later write of the rescale factors against consumer 1's read (that
 // hand-off is ordered by kBarPFree / kBarPReady).
-// The check costs 0.3-0.8 us at T <= 2 (H200); 4 threads a row finding each row's shift by shuffles,
-// with no second pass, cost more: every load then lands before the first store (0.5-1 us more).
+// The check's cost shows only at a few tokens; 4 threads a row finding each row's shift by shuffles,
+// with no second pass, cost more: every load then lands before the first store (docs/design.md,
+// "Measured choices").
 __device__ __forceinline__ uint4 q_load(const QPiece& q) {
   return q.live ? ld_global_nc_v4(q.src) : make_uint4(0, 0, 0, 0);
 }
@@ -1404,11 +1399,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   const uint32_t peer_delta = kPeers > 1 ? mapa_shared(sm.base, rank ^ 1) - sm.base : 0;
   // bf16, short splits: Q by TMA (above), landing while the producer gathers the first block; only
   // consumer 0, its reader, waits for it. Both ways of overlapping it by cp.async lost (the consumers
-  // loading it: up to 2 us, h64 T=16 28.1 against 25.9; the producer issuing
-  // it ahead of block 0: 0.6-1.3 us): their copies competed with the
-  // gather's. Longer bf16 splits: by every thread first (kQTmaMaxBlocks says why). FP8: by the
-  // consumers, converting it while the producer gathers the first block (H200, against every thread
-  // first: h64 T=1 12.0 against 13.6 us, h128 T=2 15.8 against 17.3).
+  // loading it, or the producer issuing it ahead of block 0): their copies competed with the gather's.
+  // Longer bf16 splits: by every thread first (kQTmaMaxBlocks says why). FP8: by the consumers,
+  // converting it while the producer gathers the first block, which beats every thread loading it
+  // first (docs/design.md, "Measured choices").
   if constexpr (!kFp8 && !kQTma) load_q_bf16(p, sm, w);
   // The initialized barriers (and the cp.async Q) are visible to every warpgroup, and to the peer, whose
   // producer arrives and copies into them, before any role starts.

@@ -94,22 +94,18 @@ def check_arch(device: torch.device) -> None:
            f"use the Triton kernel (triton_sparse_mla.py)")
 
 
-# A CTA's fp32 partial (64 heads x 512 values, 128 KB) written and read back by the combine costs
-# about PARTIAL_TILES tiles spread over the SMs. Fitted to the split sweep (H200, combine with the
-# splits reduced in registers, 26 shapes): values
-# from 2.1 to 3 pick the fastest measured count within 0.25 us on all but h64 T=8 and h128 T=4
-# bf16 (0.8 and 0.5 us off, where FP8 prefers the count picked by 3.1 and 1.6 us); 1.8 us lost in
-# all against 10.1 without the term, which gave h128 T=2 and h64 T=4 32 splits (17.1 us against
-# 14.2 and 14.1). Above 3.2, h64 T=8 and h128 T=4 get 11 splits, never measured.
+# A CTA's partial (64 heads x 512 fp16 values and their scales) written and read back by the combine costs
+# about PARTIAL_TILES tiles spread over the SMs: without the term small grids split into more partials than
+# they save, with too large a one they split too little (fitted to a split sweep: docs/design.md, "Measured
+# choices").
 PARTIAL_TILES = 3.0
 
 
 def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
     """Splits per (token, head group): the Triton kernel's formula (the count that minimizes the
     busiest SM's work, one CTA per SM at a time) with this kernel's 64 x 64 tile and the cost of
-    its partials. Two splits merge in a cluster instead (merges_in_cluster), at a cost of their own
-    (3.5 us over no merge at h64 T=1, H200); the term still counts partials there. Without it the
-    picks at topk 2048 would change only at h128 T=154-165 and T=199-206 (1 -> 2 splits), unmeasured."""
+    its partials. Two splits merge in a cluster instead (merges_in_cluster), at a cost of their own; the
+    term still counts partials there (docs/design.md, "Measured choices")."""
     return tsm.num_splits_for(num_tokens, heads, topk, TILE, num_sms, PARTIAL_TILES)
 
 
@@ -123,20 +119,16 @@ def launch_splits(num_tokens: int, heads: int, topk: int, fp8kv: bool, device: t
                              lambda num_sms: num_splits_for(num_tokens, heads, topk, num_sms))
 
 
-# Staging costs a pass over the whole cache (656 B read, 1156 B written a token: 35 us for 64K tokens,
-# 258 us for 512K, H200) and saves part of every gather's conversion. Measured on the H200 (torch-profiler
-# timer, topk 2048, ids uniform over the cache; direct against staged, us): 64K cache, h64 T=256 231.6 ->
-# 216.7, T=1024 888.3 -> 704.2, T=4096 3492 -> 2657, h128 T=256 418.6 -> 390.6, T=4096 5952 -> 5092;
-# 512K cache, h64 T=1024 932.8 -> 1043.6 (4 gathers a cached token: staging loses), T=4096 3559 -> 3381,
-# h128 T=4096 5935 -> 5893. So a call stages from STAGE_GATHERS ids a cached token, the ratio every 64K
-# win reached, and from STAGE_MIN_TOKENS query tokens, the fewest measured (a decode batch's rows are
-# mostly padding when its cache is small, so its ids overstate the gathers).
+# Staging costs a pass over the whole cache (fp8_staging.py) and saves part of every gather's conversion,
+# so it pays where a call gathers each cached token often (docs/design.md, "Measured choices", has the
+# measurements behind each threshold below). A call stages from STAGE_GATHERS ids a cached token, the
+# ratio every measured win reached, and from STAGE_MIN_TOKENS query tokens, the fewest measured (a decode
+# batch's rows are mostly padding when its cache is small, so its ids overstate the gathers).
 STAGE_GATHERS = 8
 STAGE_MIN_TOKENS = 256
 STAGE_HEADS = (64, 128)  # the head counts measured; 32 heads runs the same tile, unmeasured
-# The largest cache staged: the wins were 7-31% at 64K tokens but 1-5% at 512K, where a run-to-run
-# spread of that size can undo them; between the two, unmeasured. The staged copy a call allocates is
-# 1156 B a token: 150 MB at this size.
+# The largest cache staged: on the larger cache measured the gain shrank to the run-to-run spread, while
+# the staged copy a call allocates (1156 B a token) grows with the cache; sizes in between are unmeasured.
 STAGE_MAX_CACHE_TOKENS = 1 << 17
 
 
@@ -156,7 +148,7 @@ def merges_in_cluster(splits: int, heads: int, fp8kv: bool) -> bool:
     """Whether the splits merge in a cluster rather than through the combine kernel: at 2 splits, the
     count the formula gives grids of 64 (token, head group) pairs (h128 T=32, h64 T=64), except FP8 at
     128 heads, whose head groups already share their gather in a 2-CTA cluster (one cluster kind at a
-    time; sharing the gather was worth more: h128 T=32 58.6 against 69.1 us merged, H200)."""
+    time; sharing the gather was worth more: docs/design.md, "Measured choices")."""
     return splits == CLUSTER_SPLITS and not (fp8kv and heads == 2 * HEADS_PER_CTA)
 
 

@@ -27,8 +27,8 @@
 // and the output columns of the same group. The four partial logits meet in shared memory; every warp
 // sums them in the same order and runs the same online softmax, so the only wait on other warps is one
 // barrier a tile (the partials' buffer is reused once every thread of the head group has arrived on
-// its reduce_free barrier). What bounds it at 16 heads (H200, 64-token tiles): latency, not a pipe;
-// 214 registers a thread leave 8 warps an SM.
+// its reduce_free barrier). What bounds it at 16 heads is latency, not a pipe (docs/design.md, "Measured
+// choices").
 //
 // Numerics: the e4m3 values feed fp16 MMAs undequantized (exact in fp16; one cvt per two values)
 // and each group's fp32 scale multiplies that group's partial logits and its share of P instead.

@@ -38,9 +38,9 @@ MAX_SPLITS = tsm.MAX_SPLITS  # the combine kernel's limit
 # Up to this many splits merge in a cluster (a portable cluster's CTAs) instead of by the combine kernel:
 # no fp32 partials through memory and no second launch.
 MAX_CLUSTER_SPLITS = 8
-# The split count merged in its cluster unless a call says otherwise: on the H200 (16 and 32 heads, 1 to
-# 256 tokens) the cluster beats the combine kernel at 2 splits (2-7%) and loses from 3 on, where split 0
-# merges its peers one after another and a larger cluster waits for that many free SMs of one GPC.
+# The split count merged in its cluster unless a call says otherwise: at 2 the merge saves the combine's
+# traffic and launch; from 3 on split 0 merges its peers one after another and a larger cluster waits for
+# that many free SMs of one GPC, and the combine kernel wins (docs/design.md, "Measured choices").
 CLUSTER_DEFAULT_SPLITS = 2
 MAX_TOKENS = 65535  # tokens are the kernel grid's z dimension
 # Bulk copies and mbarrier transactions (and cvt from e4m3: 8.9); the library also refuses a GPU whose
@@ -49,8 +49,8 @@ MIN_CAPABILITY = (9, 0)
 # CTAs an SM (the kernel's launch bounds and shared memory): 16 heads 2, 32 heads (two head groups a CTA) 1.
 CTAS_PER_SM = {16: 2, 32: 1}
 # A CTA's fp32 partial (16 heads x 512 values, 32 KB a head group), written and read back by the combine,
-# in tile-times of the split formula: with 3.0 its picks were the fastest of the counts tried (1 to 32) at
-# every shape swept on the H200 (16 heads T = 8, 32, 128, 256, 512; 32 heads T = 128, 256; topk 2048).
+# in tile-times of the split formula: the partials' traffic against the split's parallelism (checked
+# against a split sweep: docs/design.md, "Measured choices").
 PARTIAL_TILES_PER_GROUP = 3.0
 
 
