@@ -8,10 +8,9 @@ kernel of a known size with bench's own method and expects bytes / bandwidth.
 
 The self-check copies with an SM kernel (an elementwise negation), not with
 cudaMemcpy: once torch.profiler has run in a process, device-to-device memcpy
-runs at half speed for the rest of it (measured on the H200: 263 us instead of
-125 us for 256 MiB, the CUPTI record's own duration), while kernels do not slow
-down. The memcpy rate stays the bandwidth roof (copy_gbps); the kernel's own
-rate (kernel_copy_gbps) is what the self-check expects.
+can run slower for the rest of it (docs/design.md, "Measured choices"), while
+kernels do not slow down. The memcpy rate stays the bandwidth roof (copy_gbps);
+the kernel's own rate (kernel_copy_gbps) is what the self-check expects.
 """
 
 from __future__ import annotations

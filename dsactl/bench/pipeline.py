@@ -5,7 +5,7 @@ passing between them on the device) over serving shapes, each timed four ways in
 after a cold-L2 flush:
 
   graph_us      the step captured once as a CUDA graph, its replays timed with CUDA events (the graph's own
-                launch latency included: 1.4-3.1 us at batch 1 on the H200, pipeline.csv)
+                launch latency included: graph_us beside graph_span_us in profiles/<gpu>/pipeline.csv)
   graph_span_us the same replays on the GPU's clock (CUPTI): first kernel's start to last kernel's end, the
                 gaps between the step's kernels included. An engine captures every layer's step in one
                 graph, so this, not graph_us, is what one step adds to it

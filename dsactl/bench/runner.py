@@ -255,10 +255,10 @@ def checked_method(requested: str | None, peaks: Any, flusher: Any,
     """The timing method and its passing self-check: (method, check, rejected checks).
 
     With auto (requested None or "auto"), a method whose self-check is off is rejected and the
-    next available one is tried: on the H200, once torch.profiler has run in a process, the
-    cupti-python activity records read twice the kernels' time for the rest of it (a 256 MiB
-    copy kernel: 265 us by cupti, 126 us by torch.profiler and 127 us expected). A requested
-    method is kept whatever its check says (bench then flags it)."""
+    next available one is tried: once torch.profiler has run in a process, the cupti-python
+    activity records can read more than the kernels' time for the rest of it
+    (docs/design.md, "Measured choices"). A requested method is kept whatever its check says
+    (bench then flags it)."""
     from dsactl.bench import peaks as peaks_mod
 
     check_fn = self_check or peaks_mod.copy_self_check

@@ -1,7 +1,8 @@
 """Kernel time of one call, from CUPTI activity records where possible.
 
-CUDA events around a call count its launch overhead (2-4 us, which is 20-40% of
-a 9 us kernel), so bench sums the device time of the kernels the call launched:
+CUDA events around a call count its launch overhead, a large share of a short
+kernel's time (docs/design.md, "Timing method"), so bench sums the device time
+of the kernels the call launched:
 
   cupti           cupti-python activity records: launch API records inside the
                   call's CPU bracket, joined by correlation id to the kernel,

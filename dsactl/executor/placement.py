@@ -58,8 +58,9 @@ def host_cpus() -> int:
 def use_threads(threads: int) -> None:
     """Run this worker's torch CPU work on `threads` threads. verify's rules compare outputs with the references
     on the CPU, which torch spreads over its threads: a worker left one thread (as Ray leaves an actor that
-    reserves no CPU, through OMP_NUM_THREADS) ran the scale verify sweep 2.3x slower than the plain run on an
-    H100, and workers that each take every CPU of a many-GPU host would oversubscribe it."""
+    reserves no CPU, through OMP_NUM_THREADS) runs a verify sweep far slower than the plain run
+    (docs/design.md, "Measured choices"), and workers that each take every CPU of a many-GPU host would
+    oversubscribe it."""
     import torch
 
     torch.set_num_threads(threads)

@@ -170,21 +170,16 @@ KEYS_PER_STEP = 128
 NUM_STAGES = 3
 # Programs per SM that the split targets: 4 are resident at once (~42 KB of shared memory and
 # ~110 registers x 128 threads each), so a small batch of long rows fills every SM in one wave
-# with 4 programs' loads in flight per SM. Measured on the H200 against 2 per SM (before the
-# scale loads were pipelined): 1.15-1.39x faster on every shape from 32 x 4096 up (e.g.
-# 64 x 131072: 317 us against 439 us).
+# with 4 programs' loads in flight per SM: more bytes in flight than fewer programs keep
+# (docs/design.md, "Measured choices").
 PROGRAMS_PER_SM = 4
-# Fewest steps per program. One: short rows are latency-bound, and more programs of one step
-# each beat fewer of two (H200, scoring alone, CUPTI, cold L2:
-# 1 x 4096 2.50 us against 3.23 at two; contest-indexer-080 2.62 against 3.30; within 1% on
-# every long shape). A one-step program kernel with every load issued up front (no loop) was
-# slower than this on every short shape measured (e.g. 1 x 4096 2.66 us, contest-indexer-100
-# 4.51 against 3.20), so one kernel serves every shape.
+# Fewest steps per program. One: short rows are latency-bound, so more programs of one step each
+# beat fewer, longer ones, and the same looped kernel serves every shape
+# (docs/design.md, "Measured choices").
 MIN_STEPS_PER_PROGRAM = 1
 # Large calls (batch x max_len keys at least LARGE_KEYS) are pure streaming: a deeper pipeline
-# with fewer programs per SM keeps more bytes in flight per program. Measured (H200):
-# 64 x 32768 75.6 us against 81.4, 64 x 131072 286 against 310, 128 x 131072 562 against 609;
-# but slower below (8 x 32768 12.5 against 11.2, 1 x 131072 7.7 against 6.8).
+# with fewer programs per SM keeps more bytes in flight per program, at a latency cost below
+# LARGE_KEYS (docs/design.md, "Measured choices").
 LARGE_KEYS = 64 * 32768
 LARGE_STAGES = 5
 LARGE_PROGRAMS_PER_SM = 3
@@ -229,10 +224,8 @@ def choose_config(batch: int, next_n: int, heads: int, max_len: int, num_sms: in
     per program. The grid is static (from max_len, known on the host): no device sync; a
     request shorter than max_len leaves some programs idle.
 
-    Measured alternatives (H200, scoring alone, cold L2, before the scale loads were
-    pipelined): 1-page steps and 4 stages, or 8 warps, or 4 stages: no faster (within 2%) or
-    slower; the keys and scales prefetched by hand into registers (num_stages = 1): 1.2-1.9x
-    slower, registers cap the bytes in flight; TMA descriptor loads per page: within 3% either way.
+    The alternatives (one-page steps, 8 warps, 4 stages, keys prefetched by hand into registers,
+    TMA descriptor loads) gain nothing: docs/design.md, "Measured choices".
     """
     width = _nq(next_n) * heads
     if large is None:

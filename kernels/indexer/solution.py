@@ -10,8 +10,8 @@ Two launches at most, no host sync:
   structural mapping alone (passthrough.py), no key is read;
 - dsa_topk_indexer_fused only, block tables of up to 128 pages on a GPU that runs it: the fused
   kernel (fused.py), which scores and selects each row in one launch. It is exact and deterministic
-  but measured no faster than the two kernels (a tie on the contest suite, slower from 32 rows), so
-  the default entry does not take it;
+  but no faster than the two kernels (docs/design.md, "Measured choices"), so the default entry
+  does not take it;
 - otherwise the scoring kernel (score.py) writes fp32 scores and each row's visible length
   into scratch allocated per call, skipping requests whose rows all fit in topk, and the exact CUDA
   top-k (kernels/topk, CUDA library `topk`) selects and translates per

@@ -26,8 +26,11 @@ constexpr int kThreads = 1024;                       // one CTA per SM for long 
 constexpr int kWarps = kThreads / 32;
 constexpr int kBinsPerThread = kBins / kThreads;
 static_assert(kBinsPerThread == 2, "find_threshold gives each thread exactly two bins");
-constexpr int kMaxCluster = 8;                       // portable; 16 (non-portable) measured 1.5x slower at 1 x 131072
-constexpr int kMinChunk = 8192;                      // 1 x 32768: 4 CTAs of 8192 beat 8 of 4096 (H200)
+// Clusters of at most the portable size: a non-portable 16 CTAs spreads a long row wider but slows it;
+// chunks of at least kMinChunk: fewer CTAs of longer chunks beat more CTAs of shorter ones
+// (docs/design.md, "Measured choices").
+constexpr int kMaxCluster = 8;
+constexpr int kMinChunk = 8192;
 constexpr int kChunkAlign = 8;                       // chunk starts stay 16-byte aligned for fp32 and bf16
 constexpr int kCandidateBytes = 8;                   // candidate = (uint32 key, int32 index)
 constexpr int kMaxPageCache = 1024;                  // block-table entries staged in shared memory (64K tokens)

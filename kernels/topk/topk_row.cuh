@@ -12,15 +12,16 @@
 //   clears the bins it scanned, ready for two levels later (levels alternate two histograms);
 // - output slots come from a block-wide scan of packed (greater, tie) counts in thread order, so a
 //   row's ids, their order and the ties chosen at the threshold are the same on every call (the
-//   scan's barrier costs ~0.2 us a row on the H200 over one atomic a warp, whose arrival order
-//   changed the ids' order on every call and the chosen ties on nearly every one).
+//   scan's barrier costs a little time over one atomic a warp, whose arrival order changed the ids'
+//   order on every call and the chosen ties on nearly every one; docs/design.md, "Measured choices").
 #pragma once
 
 #include "topk_common.cuh"
 
 namespace topk {
 
-constexpr int kRowThreads = 512;  // 4 bins per thread in the scan; measured faster than 256 and 1024 on the H200
+// 4 bins per thread in the scan; half or twice as many threads are slower (docs/design.md, "Measured choices").
+constexpr int kRowThreads = 512;
 constexpr int kRowWarps = kRowThreads / 32;
 constexpr int kRowMaxLen = 8192;  // longer rows take the cluster kernel (16 keys a thread here)
 constexpr int kRowBinGroups = kBins / kRowThreads / 4;  // int4 groups of bins per thread in the scan
