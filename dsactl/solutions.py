@@ -121,6 +121,9 @@ def _attention_description(variant: str) -> str:
             + (", FP8 KV dequantized in-kernel" if "fp8kv" in variant else ""))
 
 
+# The order is meaningful: the first non-baseline solution serving a definition is the one dsactl serves it
+# with (the dispatching entry), ahead of the kernels it dispatches to and the alternatives (the fused
+# indexer); verify and bench run them in this order and pack packs the first (leading()).
 SOLUTIONS: list[Solution] = [
     Solution("dsactl-indexer", ("dsa_topk_indexer_fp8_*",), "triton",
              "dsactl.kernels.indexer.solution:dsa_topk_indexer",
@@ -177,3 +180,11 @@ def get(name: str) -> Solution:
 
 def for_definition(definition: str, include_baselines: bool = False) -> list[Solution]:
     return [s for s in SOLUTIONS if s.serves(definition) and (include_baselines or not s.baseline)]
+
+
+def leading(definition: str) -> Solution:
+    """The solution dsactl serves definition with: the first of for_definition."""
+    serving = for_definition(definition)
+    if not serving:
+        raise DsactlError(f"no solution serves {definition}; `dsactl list` shows which serve what")
+    return serving[0]

@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 import dsactl
 from dsactl import definitions, harness, solutions, workloads
 from dsactl.cli import app
+from dsactl.cli.verify import EXIT_NOTHING_RAN
 from dsactl.errors import DsactlError
 from dsactl.kernels import cuda_library
 from dsactl.kernels.errors import KernelBuildError
@@ -399,6 +400,70 @@ def test_cli_pack_check_unpack(ref_solution, tmp_path, monkeypatch):
     r = runner.invoke(app, ["unpack", str(out), "-o", str(tmp_path / "src")])
     assert r.exit_code == 0, r.output
     assert (tmp_path / "src" / REF_PATH).read_text() == _sources(read_bundle(out))[REF_PATH]
+
+
+INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
+
+
+def _dsactls_own(definition):
+    """The solution dsactl serves each family with: the indexer of two kernels, the top-k, and the attention
+    entry that dispatches (not one of the CUDA kernels it dispatches to)."""
+    stage = next(t.removeprefix("stage:") for t in definitions.get(definition).tags if t.startswith("stage:"))
+    variant = definition.partition("_ps64")[2].replace("_", "-")
+    return {"indexer": "dsactl-indexer", "topk": "dsactl-topk", "attention": f"dsactl-attention{variant}"}[stage]
+
+
+def test_every_definition_leads_with_dsactls_own_solution():
+    shared = [d.name for d in definitions.all_definitions() if len(solutions.for_definition(d.name)) > 1]
+    assert INDEXER in shared
+    for d in definitions.all_definitions():
+        assert solutions.leading(d.name).name == _dsactls_own(d.name), d.name
+
+
+def test_pack_packs_the_leading_solution_unless_one_is_named():
+    default = _sources(pack(INDEXER, author="a"))["main.py"]
+    assert "import dsa_topk_indexer as _solution" in default
+    fused = _sources(pack(INDEXER, "dsactl-indexer-fused", author="a"))["main.py"]
+    assert "import dsa_topk_indexer_fused as _solution" in fused
+    with pytest.raises(DsactlError, match="does not serve"):
+        pack(INDEXER, "dsactl-topk", author="a")
+
+
+# One small workload per definition family (stage): the bundle dsactl packs for it, verified on it.
+FAMILY_WORKLOADS = {"indexer": "edge-indexer-len1", "topk": "edge-topk-len65",
+                    "attention": "edge-attention-duplicates-h16-bf16"}
+
+
+def test_every_family_has_a_bundle_workload():
+    stages = {t.removeprefix("stage:") for d in definitions.all_definitions() for t in d.tags
+              if t.startswith("stage:")}
+    assert stages == set(FAMILY_WORKLOADS)
+
+
+@pytest.mark.parametrize("family", FAMILY_WORKLOADS)
+def test_a_packed_bundle_verifies_where_its_solution_runs_else_says_why_in_one_line(family, tmp_path):
+    workload = FAMILY_WORKLOADS[family]
+    definition = next(w.definition for w in workloads.suite("edge") if w.uuid == workload)
+    leading = solutions.leading(definition)
+    path = tmp_path / "bundle.json"
+    packed = CliRunner().invoke(app, ["pack", "-d", definition, "-o", str(path), "--author", "tester"],
+                                env={"COLUMNS": "250"})
+    assert packed.exit_code == 0, packed.output
+    named = packed.output.splitlines()[0]
+    assert named.startswith(f"packing {leading.name}, the solution dsactl serves {definition} with")
+    others = [s.name for s in solutions.for_definition(definition) if s.name != leading.name]
+    assert all(f"--solution {o}" in named or f" or {o}" in named for o in others)
+    where, why = solutions.runs_here(leading)
+    if not torch.cuda.is_available():  # the attention entry is pure Triton; the others select in CUDA
+        assert (where == "interpreted") == (family == "attention"), (where, why)
+    r = CliRunner().invoke(app, ["verify", "--bundle", str(path), "--workload", workload, "--trials", "1"])
+    if where == "no":
+        assert r.exit_code == EXIT_NOTHING_RAN, r.output
+        assert r.output.count("\n") == 1 and r.output.startswith("verify: nothing can run here; "), r.output
+        assert why in r.output and "builds CUDA librar" in r.output
+    else:
+        assert r.exit_code == 0, r.output
+        assert "1 passed, 0 failed, 0 errors" in r.output
 
 
 TINY_CU = '''extern "C" int tiny_answer() { return 42; }

@@ -15,16 +15,18 @@ def register(app: typer.Typer) -> None:
     def pack(
         definition: str = typer.Option(None, "--definition", "-d", help="The definition the bundle solves."),
         solution: str = typer.Option(None, "--solution", "-s",
-                                     help="Solution to pack (default: the one registered for the definition)."),
+                                     help="Solution to pack (default: the one dsactl serves the definition with, "
+                                          "which verify and bench lead with)."),
         output: Path = typer.Option(Path("solution.json"), "--output", "-o", help="Where to write the bundle."),
         name: str = typer.Option(None, "--name", help="Bundle name (default: <name_prefix>_<solution>_<definition>)."),
         author: str = typer.Option(None, "--author", help="Author (default: [tool.dsactl] author in pyproject.toml)."),
         check: Path = typer.Option(None, "--check", help="Check this bundle instead of packing one."),
     ) -> None:
         """Pack a solution and exactly the files its entry point needs into a Solution JSON, or --check one."""
+        from dsactl import solutions
         from dsactl.errors import DsactlError
+        from dsactl.pack.bundle import choose_solution, read_bundle, write_bundle
         from dsactl.pack.bundle import pack as make_bundle
-        from dsactl.pack.bundle import read_bundle, write_bundle
         from dsactl.pack.check import check_bundle
 
         if check is not None:
@@ -35,7 +37,12 @@ def register(app: typer.Typer) -> None:
         if definition is None:
             raise DsactlError("pass --definition (or --check BUNDLE)")
         output_file(output, "--output")
-        data = make_bundle(definition, solution, name, author)
+        chosen = choose_solution(definition, solution)
+        data = make_bundle(definition, chosen.name, name, author)
+        if solution is None:
+            others = [s.name for s in solutions.for_definition(data["definition"]) if s.name != chosen.name]
+            console.print(f"packing {chosen.name}, the solution dsactl serves {data['definition']} with"
+                          + (f" (--solution {' or '.join(others)} packs another)" if others else ""), soft_wrap=True)
         write_bundle(data, output)
         _show(check_bundle(data), f"wrote {output}")
 

@@ -225,6 +225,13 @@ def register(app: typer.Typer) -> None:
             console.print(f"calls-only: {len(calls)} calls, {failures} raised")
             raise typer.Exit(EXIT_FAILED if failures else 0)
 
+        if explicit and run_on.local and not json_path:
+            # What was asked for cannot run on this machine: one line says why (a --json report lists it).
+            unavailable = [f"{c.name}: {why}" for c in cands for ok, why in [c.availability()] if not ok]
+            if len(unavailable) == len(cands):
+                console.print(f"verify: nothing can run here; {'; '.join(unavailable)}", soft_wrap=True)
+                raise typer.Exit(EXIT_NOTHING_RAN)
+
         device = "cuda" if gpu else "cpu"
         note = "" if gpu else " (no CUDA GPU: Triton runs under the interpreter)"
         quick_note = f" of {len(chosen) + sum(s.workloads for s in left_out)} (--quick)" if left_out else ""

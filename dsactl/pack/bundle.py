@@ -45,19 +45,15 @@ CONFIG_FILE = "pyproject.toml"
 
 
 def choose_solution(definition: str, name: str | None = None) -> Solution:
-    """--solution, or the one registered non-baseline solution serving definition."""
+    """--solution, else the solution dsactl serves definition with (solutions.leading)."""
     definition = definitions.get(definition).name
-    if name is not None:
-        chosen = solutions.get(name)
-        if not chosen.serves(definition):
-            raise DsactlError(f"solution {name} does not serve {definition} "
-                              f"(it serves {', '.join(chosen.definitions)})")
-        return chosen
-    serving = solutions.for_definition(definition)
-    if len(serving) != 1:
-        found = ", ".join(s.name for s in serving) or "none"
-        raise DsactlError(f"{len(serving)} solutions serve {definition} ({found}): choose one with --solution")
-    return serving[0]
+    if name is None:
+        return solutions.leading(definition)
+    chosen = solutions.get(name)
+    if not chosen.serves(definition):
+        raise DsactlError(f"solution {name} does not serve {definition} "
+                          f"(it serves {', '.join(chosen.definitions)})")
+    return chosen
 
 
 def project_defaults() -> dict[str, Any]:

@@ -48,6 +48,7 @@ class Report:
     entry_point: str
     signature: list[str]
     files: list[FileRow]
+    cuda_libs: tuple[str, ...] = ()  # the CUDA libraries it loads, each built from its sources on first use
 
     @property
     def size(self) -> int:
@@ -115,11 +116,11 @@ def check_bundle(data: Any) -> Report:
     if signature != d.signature:
         raise DsactlError(f"{entry_file}::{func} takes ({', '.join(signature)}); {d.name} calls it with its inputs "
                           f"then outputs ({', '.join(d.signature)})")
-    reached = _reached(files, entry_file)
+    reached, libraries = _reached(files, entry_file)
     rows = [FileRow(path, _kind(path), len(content.encode("utf-8")), reached.get(path, "not reached"))
             for path, content in files.items()]
     report = Report(data["name"], d.name, data["author"], data["spec"]["language"], data["spec"]["entry_point"],
-                    signature, rows)
+                    signature, rows, libraries)
     if report.size > MAX_BUNDLE_BYTES:
         raise DsactlError(f"the bundle is {report.size} bytes, over the {MAX_BUNDLE_BYTES} limit")
     return report
@@ -140,8 +141,9 @@ def entry_signature(source: str, func: str, path: str) -> list[str]:
     return [a.arg for a in args.posonlyargs + args.args]
 
 
-def _reached(files: dict[str, str], entry_file: str) -> dict[str, str]:
-    """path -> how the entry point reaches it; raises when the bundle is not self-contained."""
+def _reached(files: dict[str, str], entry_file: str) -> tuple[dict[str, str], tuple[str, ...]]:
+    """path -> how the entry point reaches it, and the CUDA libraries it loads; raises when the bundle
+    is not self-contained."""
     module = entry_file.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
     if not all(part.isidentifier() for part in module.split(".")):
         raise DsactlError(f"entry file {entry_file} is not importable as a module")
@@ -170,7 +172,7 @@ def _reached(files: dict[str, str], entry_file: str) -> dict[str, str]:
             header = p.suffix in HEADER_SUFFIXES and p.parent in (folders[0], PurePosixPath(KERNELS))
             if (p.parent == folders[0] and p.name == f"{library}.cu") or header:
                 reached.setdefault(path, f"library {library}, loaded by {loader}")
-    return reached
+    return reached, tuple(sorted(closure.cuda_libs))
 
 
 def _kind(path: str) -> str:

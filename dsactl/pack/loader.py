@@ -30,18 +30,22 @@ _unpacked: dict[str, Path] = {}  # package -> the folder on sys.path that holds 
 
 @dataclass(frozen=True)
 class BundleSolution(Solution):
-    builds_cuda: bool = False  # ships CUDA sources that it builds with nvcc on first use
+    builds: tuple[str, ...] = ()  # the CUDA libraries it builds from its own sources with nvcc on first use
 
     def availability(self) -> tuple[bool, str]:
         ok, why = super().availability()
-        if ok and self.builds_cuda:
-            from dsactl.kernels.cuda_library import find_nvcc
-            from dsactl.kernels.errors import KernelBuildError
+        if not self.builds:
+            return ok, why
+        libraries = f"CUDA librar{'ies' if len(self.builds) > 1 else 'y'} {', '.join(self.builds)}"
+        if not ok:
+            return False, f"{why} (it builds {libraries} on first use; the Triton interpreter runs no CUDA)"
+        from dsactl.kernels.cuda_library import find_nvcc
+        from dsactl.kernels.errors import KernelBuildError
 
-            try:
-                find_nvcc()
-            except KernelBuildError as e:
-                return False, f"builds its CUDA parts on first use: {e}"
+        try:
+            find_nvcc()
+        except KernelBuildError as e:
+            return False, f"builds {libraries} on first use: {e}"
         return ok, why
 
 
@@ -58,13 +62,12 @@ def load_bundle(path: str | Path) -> BundleSolution:
         _unpacked[package] = root
     entry_file, _, func = data["spec"]["entry_point"].partition("::")
     module = ".".join([package, *entry_file.removesuffix(".py").removesuffix("/__init__").split("/")])
-    builds_cuda = any(f.kind == "cuda" for f in report.files)
     return BundleSolution(
         name=data["name"],
         definitions=(data["definition"],),
-        language="cuda" if builds_cuda else data["spec"]["language"],
+        language="cuda" if any(f.kind == "cuda" for f in report.files) else data["spec"]["language"],
         entry=f"{module}:{func}",
         description=data.get("description") or f"bundle {Path(path).name}",
         needs_gpu="cpu" not in data["spec"]["target_hardware"],
-        builds_cuda=builds_cuda,
+        builds=report.cuda_libs,
     )
