@@ -2,19 +2,19 @@
 
 CPU: it builds for sm_90a with zero spills, zero local memory and no wgmma serialization, and for
 sm_100a (where its body traps and the launcher refuses); the library refuses bad arguments before
-any CUDA call; the launcher's input checks, arch refusal and split choice. GPU (sm_90 only): every
-served variant against the float32 reference on poisoned outputs, index patterns, split counts.
+any CUDA call; the launcher's input checks, arch refusal and split choice; the model of its numerics
+(hopper_model.py, splits merged by the shipped combine) shows what its roundings and shifts buy. GPU
+(sm_90 only): every served variant against the float32 reference on poisoned outputs, index patterns,
+split counts.
 """
 
 from __future__ import annotations
 
 import ctypes
 import inspect
-import math
 import re
 import shutil
 import subprocess
-from typing import Callable
 
 import pytest
 import torch
@@ -27,7 +27,7 @@ from dsactl import fp8
 from dsactl.definitions import get
 from dsactl.kernels.errors import KernelError
 from dsactl.kernels import cuda_library
-from dsactl.kernels.attention import dispatch, hopper_mla
+from dsactl.kernels.attention import dispatch, hopper_mla, hopper_model
 from dsactl.kernels.attention import triton_sparse_mla as tsm
 from dsactl.verify.rules import check
 
@@ -255,93 +255,23 @@ def test_entries_take_the_served_definitions_signatures():
             assert list(inspect.signature(entry).parameters) == get(definition_name(heads, 2048, suffix)).signature
 
 
-def _emulate_kernel_numerics(inputs: dict, mma_dtype: torch.dtype, lse_base_e: bool, shifts: bool = True) -> dict:
-    """The kernel's roundings on CPU (one split): q and the dequantized K/V in mma_dtype, fp32
-    logits, log2-domain softmax, P rounded to mma_dtype for P.V, the sum from unrounded P. With
-    `shifts`, as the kernel keeps fp16's range: a row of q whose largest value has exponent E >= 16 is
-    scaled by 2^-(E - 15), a token whose bound (448 times its largest scale, or its largest rope value)
-    reaches 65504 by 2^-min(E - 14, 15), and the logits (and that token's P) are scaled back in fp32."""
-    q = torch.cat([inputs["q_nope"], inputs["q_pe"]], -1).float()
-    tokens = inputs["kv_cache"].reshape(-1, fp8.MLA_TOKEN_BYTES)
-    ckv, kpe = fp8.dequantize_mla_kv(tokens)
-    k = torch.cat([ckv, kpe], -1)
-    scales = tokens.view(torch.uint8)[:, fp8.MLA_SCALE_OFFSET:fp8.MLA_KPE_OFFSET].contiguous().view(torch.float32)
+# The model of the kernel's numerics (kernels/attention/hopper_model.py), its splits merged by the shipped
+# combine: what the choices the kernel makes (fp16 mmas, scaled fp16 partials, power-of-two shifts) buy,
+# shown against the choice not taken on inputs that tell them apart.
 
-    def exponent(x: torch.Tensor) -> torch.Tensor:
-        return torch.floor(torch.log2(x.clamp_min(2.0**-126)))
-
-    q_max = q.abs().amax(-1, keepdim=True)
-    k_max = torch.maximum(scales.abs().amax(-1, keepdim=True) * 448, kpe.abs().amax(-1, keepdim=True))
-    q_shift = torch.where(q_max >= 2.0**16, exponent(q_max) - 15, 0.0) if shifts else torch.zeros_like(q_max)
-    k_shift = (torch.where(k_max >= 65504, (exponent(k_max) - 14).clamp(max=15), 0.0) if shifts
-               else torch.zeros_like(k_max))
-    q = (q * torch.exp2(-q_shift)).to(mma_dtype).float() * torch.exp2(q_shift)
-    k = (k * torch.exp2(-k_shift)).to(mma_dtype).float()
-    idx = inputs["sparse_indices"]
-    rows = k[idx.clamp_min(0).long()]
-    factor = torch.exp2(k_shift[..., 0])[idx.clamp_min(0).long()][:, None, :]  # [T, 1, topk]
-    logits = torch.einsum("thd,tnd->thn", q, rows) * factor * inputs["sm_scale"] * math.log2(math.e)
-    logits = logits.masked_fill((idx < 0)[:, None, :], -math.inf)
-    m = logits.amax(-1, keepdim=True)
-    p = torch.exp2(logits - torch.where(m == -math.inf, 0.0, m))
-    l_sum = p.sum(-1, keepdim=True)
-    out = torch.einsum("thn,tnd->thd", (p * factor).to(mma_dtype).float(), rows[..., :512])
-    out = torch.where(l_sum > 0, out / l_sum.clamp_min(1e-30), 0.0)
-    lse = torch.where(l_sum > 0, m + torch.log2(l_sum), -math.inf)[..., 0] / (math.log2(math.e) if lse_base_e else 1)
-    return {"output": out.bfloat16(), "lse": lse}
-
-
-def _kernel_partial(acc: torch.Tensor) -> torch.Tensor:
-    """A partial as the kernel stores it: each half row (tsm.SCALE_COLUMNS values) divided by a power of
-    two that puts its largest magnitude in [2^14, 2^15), rounded to fp16, times that power back."""
-    halves = acc.unflatten(-1, (-1, tsm.SCALE_COLUMNS))
-    amax = halves.abs().amax(-1, keepdim=True)
-    k = torch.where(amax > 0, torch.floor(torch.log2(amax)) - 14, 0.0).clamp(-126, 126)
-    return ((halves * torch.exp2(-k)).half().float() * torch.exp2(k)).flatten(-2)
-
-
-def _emulate_split_partials(inputs: dict, mma_dtype: torch.dtype, splits: int,
-                            store: Callable[[torch.Tensor], torch.Tensor], lse_base_e: bool) -> dict:
-    """The kernel's numerics (_emulate_kernel_numerics, no values past fp16) over `splits` strided
-    splits, each split's unnormalized output as `store` leaves it, then the combine's fp32 merge."""
-    q = torch.cat([inputs["q_nope"], inputs["q_pe"]], -1).to(mma_dtype).float()
-    ckv, kpe = fp8.dequantize_mla_kv(inputs["kv_cache"].reshape(-1, fp8.MLA_TOKEN_BYTES))
-    idx = inputs["sparse_indices"]
-    rows = torch.cat([ckv, kpe], -1).to(mma_dtype).float()[idx.clamp_min(0).long()]
-    logits = torch.einsum("thd,tnd->thn", q, rows) * inputs["sm_scale"] * math.log2(math.e)
-    logits = logits.masked_fill((idx < 0)[:, None, :], -math.inf)
-    parts = []
-    for s in range(splits):
-        mine = logits[..., s::splits]
-        m = mine.amax(-1, keepdim=True)
-        p = torch.exp2(mine - torch.where(m == -math.inf, 0.0, m))
-        acc = torch.einsum("thn,tnd->thd", p.to(mma_dtype).float(), rows[:, s::splits, :512])
-        parts.append((store(acc), m, p.sum(-1, keepdim=True)))
-    m_all = torch.stack([m for _, m, _ in parts]).amax(0)
-    weights = [torch.exp2(m - torch.where(m_all == -math.inf, 0.0, m_all)) for _, m, _ in parts]
-    acc = sum(w * a for w, (a, _, _) in zip(weights, parts))
-    l_all = sum(w * l for w, (_, _, l) in zip(weights, parts))
-    out = torch.where(l_all > 0, acc / l_all.clamp_min(1e-30), 0.0)
-    lse = torch.where(l_all > 0, m_all + torch.log2(l_all), -math.inf)[..., 0]
-    return {"output": out.bfloat16(), "lse": lse / (math.log2(math.e) if lse_base_e else 1)}
-
-
-@pytest.mark.parametrize("suffix", ["_fp8kv", "_fp8kv_lsee"])
-@pytest.mark.parametrize("splits", [2, 3, 5, 16])
-def test_model_partials_keep_the_tolerance_where_splits_cancel(suffix, splits):
+@pytest.mark.parametrize("splits, suffix", [(2, "_fp8kv"), (3, "_fp8kv_lsee"), (8, "_fp8kv")])
+def test_model_partials_keep_the_tolerance_where_splits_cancel(splits, suffix):
     """Why the kernel's split partials are scaled fp16: on rows of 2 or 3 valid tokens each split holds
-    one token, and splits of opposite sign cancel in the merge. The kernel's numerics with its partials
-    pass the contest tolerance there; rounded to bf16 (2^-9 of each value) they do not."""
-    definition = definition_name(128, 128, suffix)
-    inputs = case_inputs(definition, 32, 16, "cpu", seed=3, pattern="tail", valid=(3, 2) * 16)
+    one token, and splits of opposite sign cancel in the merge. The kernel's numerics with its partials,
+    merged by the combine, pass the contest tolerance there; rounded to bf16 (2^-9 of each value) they do not."""
+    definition = definition_name(16, 128, suffix)
+    inputs = case_inputs(definition, 8, 16, "cpu", seed=3, pattern="tail", valid=(3, 2) * 4)
     lse_base_e = suffix.endswith("_lsee")
-    got = _emulate_split_partials(inputs, torch.float16, splits, _kernel_partial, lse_base_e)
-    verdict = check(get(definition), inputs, got)
+    verdict = check(get(definition), inputs, hopper_model.attention(inputs, lse_base_e, splits))
     assert verdict.passed, verdict.problems
-    if splits == 3:
-        rounded = _emulate_split_partials(inputs, torch.float16, splits, lambda acc: acc.bfloat16().float(),
-                                          lse_base_e)
-        assert not check(get(definition), inputs, rounded).passed
+    acc, m, l = hopper_model.split_partials(inputs, splits)
+    rounded = hopper_model.combine(acc.bfloat16().float(), m, l, lse_base_e, scaled=False)
+    assert not check(get(definition), inputs, rounded).passed
 
 
 def test_model_partial_keeps_eleven_bits_of_any_range():
@@ -351,7 +281,9 @@ def test_model_partial_keeps_eleven_bits_of_any_range():
     for magnitude in (2.0**-60, 1e-3, 1.0, 7e4, 2.0**100):
         acc = torch.randn(4, 512, generator=gen, dtype=torch.float64).float() * magnitude
         acc[1, 256:] = 0.0
-        got = _kernel_partial(acc)
+        values, factors = hopper_model.scale_partial(acc)
+        assert values.dtype == torch.float16 and factors.shape == (4, 2)
+        got = (values.float().unflatten(-1, (2, 256)) * factors[..., None]).flatten(-2)
         bound = acc.unflatten(-1, (2, 256)).abs().amax(-1, keepdim=True).expand(-1, -1, 256).flatten(-2)
         assert bool(((got - acc).abs() <= bound * 2.0**-11).all()) and bool(torch.isfinite(got).all())
         assert bool((got[1, 256:] == 0).all())
@@ -402,14 +334,14 @@ def _check_past_fp16(definition: str, base: dict, inputs: dict, factor: float, o
 
 @pytest.mark.parametrize("scaled", ["q", "kv", "both"])
 def test_model_fp8_values_past_the_fp16_range_need_the_kernels_shifts(scaled):
-    """The kernel's power-of-two shifts (hopper_mla.cu, top) keep q and tokens past 65504 exact: its
-    numerics emulated with them pass the contest tolerance, without them fp16 overflows."""
+    """The kernel's power-of-two shifts (hopper_mla.cu, top) keep q and tokens past 65504 exact: the model
+    of its numerics passes the contest tolerance with them; without them fp16 overflows."""
     definition = definition_name(64, 512, "_fp8kv")
     base = case_inputs(definition, 3, 64, "cpu", seed=5, pattern="scattered", valid=(512, 7, 300))
     inputs, factor = _scaled_past_fp16(base, scaled)
-    _check_past_fp16(definition, base, inputs, factor, _emulate_kernel_numerics(inputs, torch.float16, False))
+    _check_past_fp16(definition, base, inputs, factor, hopper_model.attention(inputs, False))
     with pytest.raises(AssertionError):
-        _check_past_fp16(definition, base, inputs, factor, _emulate_kernel_numerics(inputs, torch.float16, False, False))
+        _check_past_fp16(definition, base, inputs, factor, hopper_model.attention(inputs, False, shifts=False))
 
 
 @pytest.mark.parametrize("suffix", ["_fp8kv", "_fp8kv_lsee"])
@@ -420,8 +352,8 @@ def test_model_fp8_path_needs_fp16_mmas_not_bf16(suffix):
     inputs = case_inputs(definition, 8, 256, "cpu", seed=3, pattern="scattered",
                          valid=(2048, 1, 2, 3, 700, 0, 64, 1500))
     lse_e = suffix.endswith("_lsee")
-    assert check(get(definition), inputs, _emulate_kernel_numerics(inputs, torch.float16, lse_e)).passed
-    assert not check(get(definition), inputs, _emulate_kernel_numerics(inputs, torch.bfloat16, lse_e)).passed
+    assert check(get(definition), inputs, hopper_model.attention(inputs, lse_e)).passed
+    assert not check(get(definition), inputs, hopper_model.attention(inputs, lse_e, mma_dtype=torch.bfloat16)).passed
 
 
 # ------------------------------------------------------------------ GPU (sm_90 only)

@@ -72,7 +72,7 @@
 //     before the roles start (cp.async); FP8 by the consumers, converting it to fp16 (see the kernel).
 //
 // FP8 KV runs the MMAs in fp16, not bf16: e4m3 x fp32 scale rounded to bf16 (8-bit mantissa) fails
-// the contest tolerance (1e-2 abs and rel; emulated in tests/test_attention_hopper.py, counted in
+// the contest tolerance (1e-2 abs and rel; modelled in hopper_model.py for the CPU tests, counted in
 // docs/design.md, "Measured choices"), rounded to fp16 (11 bits) it passes. So that path converts Q to
 // fp16 once (exact for bf16 values in fp16's normal range), dequantizes K/V to fp16 and rounds P to
 // fp16. fp16 ends at 65504, bf16 and the fp32 scales do not; values past it are moved into range by
