@@ -34,7 +34,7 @@ from __future__ import annotations
 import functools
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
@@ -50,6 +50,9 @@ from ..launch_math import cdiv, next_power_of_2
 from ..triton_options import FP_FUSION
 from ..tuned import Table, device_identity, table_path
 
+# The Triton that builds these kernels, (major, minor): the configurations below depend on its compiler (config()).
+TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
+
 # Triton's CPU interpreter computes bf16 tl.dot wrongly (errors near 1e10, silently): upcast to fp32 there.
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
 
@@ -61,15 +64,13 @@ H200_NUM_SMS = 132
 # combine than they save.
 MAX_SPLITS = 64
 # A combine program reduces a [heads, splits, COMBINE_BLOCK_D] block of partials of at most
-# COMBINE_TILE values, all loaded before they are summed; fewer splits, more heads. Contest suite mean
-# (H200, a [heads, splits, columns] tile reduced at once): 64 columns 9.22 us, 128 columns 9.52, 32
-# columns 9.47; 64 columns with a 4096-value tile 9.68.
+# COMBINE_TILE values, all loaded before they are summed; fewer splits, more heads. The fastest column
+# block and tile on the contest suite (docs/design.md, Measured choices, "Triton attention kernel").
 # Two forms, by partials. fp32 partials (split_partials: this kernel's and mma_mla's, up to 64 splits) are
-# reduced as one [heads, splits, columns] tile. Contest attention at T=1 (16 heads, H100, CUPTI): in one run
-# the tile took 2.34 us at 64 splits and summing split by split 2.78 at 32 (at 64, a value a thread, it needed
-# one head a program); in another the tile took 2.08 at 32 splits. Scaled partials (the Hopper kernel's fp16,
-# up to 32 splits) are summed split by split, unrolled, each thread holding every split's values, max, sum
-# and factor: the tile's shuffles and shared memory were slower there.
+# reduced as one [heads, splits, columns] tile, faster than summing them split by split (same section).
+# Scaled partials (the Hopper kernel's fp16, up to 32 splits) are summed split by split, unrolled, each
+# thread holding every split's values, max, sum and factor: the tile's shuffles and shared memory were
+# slower there.
 COMBINE_BLOCK_D = 64
 COMBINE_TILE = 8192
 COMBINE_WARPS = 4
@@ -84,7 +85,7 @@ SCALED_MAX_SPLITS = 32
 # one split; longer rows take at least cdiv(topk, ROW_IDS_MAX) splits (num_splits_for).
 ROW_IDS_MAX = 2048
 # The fewest ids a program loads (ROW_PAD): shorter shares are padded up to it (masked, -1), one or two
-# registers a thread, so that a kernel is built for 4 row lengths (256-2048), not 7 or 8.
+# registers a thread, so that a kernel is built for 4 row lengths (256-2048), not 7 or 8 (fewest_ids).
 ROW_IDS_MIN = 256
 
 _LOG2E = tl.constexpr(1.4426950408889634)
@@ -135,9 +136,9 @@ def _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length):
 @triton.jit
 def _split_ids(row_ptr, n_mine, num_splits, cache_tokens, bad_count_ptr, ROW_PAD: tl.constexpr):
     """The ids of a split's n_mine positions [ROW_PAD], -1 past them, loaded once before the loop. Loaded
-    per tile inside the loop instead (the earlier form), each tile's id load sat in the chain that leads
-    to its rows' copies; hoisted, the pipelined loop only gathers them from shared memory (H200, full
-    rows of 2048, h128 T=128 bf16 311 against 331 us).
+    per tile inside the loop instead, each tile's id load sat in the chain that leads to its rows' copies;
+    hoisted, the pipelined loop only gathers them from shared memory (faster: docs/design.md, Measured
+    choices, "Triton attention kernel").
     An id outside [0, cache_tokens) becomes -1 here, the one place ids enter, so no input value makes
     a gather leave the cache; all but -1 are added to *bad_count_ptr by the first head group only (every
     group loads the same ids), an atomic on the bad path alone."""
@@ -519,8 +520,7 @@ def _sparse_mla_combine_kernel(
         s = tl.arange(0, SPLITS_PAD)
         in_use = s < num_splits
         # Splits second: Triton lays warps along the first axis, so the reduction over splits stays in
-        # registers (with splits first it went through shared memory: 128 heads x 8 tokens x 8 splits took
-        # 14.4 us, H200).
+        # registers (with splits first it went through shared memory).
         part = (t * num_splits + s[None, :]) * num_heads + heads[:, None]
         values = tl.load(part_acc_ptr + part[:, :, None].to(tl.int64) * _D_CKV + d[None, None, :],
                          mask=in_use[None, :, None], other=0.0)
@@ -552,48 +552,73 @@ class Config:
 HOPPER_SHARED_PER_BLOCK = 232448
 COMPACT = Config(block_h=32, block_n=32, num_warps=8, num_stages=2)
 
+# The configurations depend on the Triton that builds them: its code and its ptxas decide whether a tile fits
+# in 255 registers, so config() keys them on TRITON_VERSION. Each choice builds without spills for sm90a and
+# sm100a under its Triton (tests/test_build.py); the measured ones are Triton 3.6's, the GPU image's.
+WIDE_TILE_TRITON = ((3, 6), (3, 8))  # the first and last (major, minor) that build 64 heads x 64 tokens cleanly
 
-def config(heads: int, fp8kv: bool, compact: bool = False) -> Config:
-    """Tile configuration per head count for grids that fill the GPU (register and shared-memory
-    use read with cuobjdump from sm_90a builds of Triton 3.6). 64 heads x 64 tokens with 8 warps
-    is the shape that reached 257 TFLOPS on an H200, and the only one where Triton
-    issues wgmma.
-    Fewer heads keep the whole head axis in one program, as every extra head group re-gathers
-    the same KV rows. At 64 heads the fp16-tile FP8 kernel takes 64-token tiles (462.8 against 649.3 us
-    with 32 at h128 T=128, H200) and, with its ids loaded before
-    the loop, 3 stages (218 KB of shared memory, 12 bytes spilled at ROW_PAD 2048): 408 against 459 us
-    for per-tile ids and 2 stages (2 stages with hoisted ids were not timed). Under 64 heads FP8 tiles are 32
-    tokens: the hand-prefetched next tile would not fit in registers at 64. compact: COMPACT from 32 heads."""
+
+def config(heads: int, fp8kv: bool, compact: bool = False, version: tuple[int, int] = TRITON_VERSION) -> Config:
+    """Tile configuration per head count for grids that fill the GPU, under Triton `version`. 64 heads x 64
+    tokens with 8 warps is the only shape where Triton issues wgmma (docs/design.md, Measured choices, "Triton
+    attention kernel", for it and the FP8 kernel's tiles and stages). Fewer heads keep the whole head axis in
+    one program, as every extra head group re-gathers the same KV rows. Under 64 heads FP8 tiles are 32
+    tokens: the hand-prefetched next tile would not fit in registers at 64. compact: COMPACT from 32 heads.
+    Where a Triton spills the measured tile it takes the nearest that fits (not yet timed on a GPU; row_tile()
+    for one row length):
+    - 64+ heads outside WIDE_TILE_TRITON: 32 heads a program (180-253 registers). 3.5's code spills the 64-head
+      tiles (104-144 bytes at sm_90a), and from 3.9 ptxas 13, which then assembles sm_90 too (244-284 bytes);
+    - 16 heads with bf16 KV from 3.7, whose ptxas 13 for sm_100a spills the 8-warp tile (12 bytes at one row
+      length): 4 warps (185-208 registers)."""
     if compact and heads >= COMPACT.block_h:
         return COMPACT
     if heads >= 64:
+        block_h = 64 if WIDE_TILE_TRITON[0] <= version <= WIDE_TILE_TRITON[1] else 32
         if fp8kv:
-            return Config(block_h=64, block_n=64, num_warps=8, num_stages=3, f16=True)
-        return Config(block_h=64, block_n=64, num_warps=8, num_stages=2)
+            return Config(block_h=block_h, block_n=64, num_warps=8, num_stages=3, f16=True)
+        return Config(block_h=block_h, block_n=64, num_warps=8, num_stages=2)
     if fp8kv:
         return Config(block_h=heads, block_n=32, num_warps=8, num_stages=2)
-    return Config(block_h=heads, block_n=64, num_warps=8, num_stages=2)
+    return Config(block_h=heads, block_n=64, num_warps=4 if heads == 16 and version >= (3, 7) else 8, num_stages=2)
+
+
+def fewest_ids(cfg: Config, version: tuple[int, int] = TRITON_VERSION) -> int:
+    """The fewest index positions a split of `cfg` loads under Triton `version` (ROW_PAD's smallest):
+    ROW_IDS_MIN, more where that Triton's build of the 32-head FP8 tile (COMPACT too: the same tile) spills
+    at a short row (more masked ids; ptxas allocates each row length's kernel differently)."""
+    if cfg == config(32, True, version=version) and version == (3, 8):
+        return 1024  # 512 ids spill 4 bytes at sm_100a
+    if cfg == config(32, True, version=version) and version >= (3, 9):
+        return 512  # 256 ids spill 8 bytes at sm_90a
+    return ROW_IDS_MIN
+
+
+def row_tile(cfg: Config, pad: int, version: tuple[int, int] = TRITON_VERSION) -> Config:
+    """The tile a launch of `cfg` with ROW_PAD `pad` builds under Triton `version`: cfg, but the 64-head FP8
+    tile (64 tokens, 3 stages) spills 12-24 bytes at 2048 ids (sm_90a, 3.6-3.8), so a split of over 1024 ids
+    takes 32-token tiles at 4 stages (no spills at sm90a or sm100a)."""
+    if cfg == config(64, True, version=version) and cfg.block_h == 64 and pad > 1024:
+        return replace(cfg, block_n=32, num_stages=4)
+    return cfg
 
 
 # Grids under one wave at 16 heads with bf16 KV. A program's time is its chain of dependent loads
-# (indices, then rows), so below a full wave fewer, larger loads per program win (H200, h16 bf16,
-# full rows, triton-variants/configs.csv and prefetch.csv):
+# (indices, then rows), so below a full wave fewer, larger loads per program win (docs/design.md,
+# Measured choices, "Triton attention kernel", for the measurements):
 # - small grids, where even one program per 64-token tile leaves over half of the SMs idle:
-#   32-token tiles, 4 warps, twice the splits. T=1 7.6 against 9.6 us, T=2 8.4 against 10.0;
-# - grids of one 64-token tile a program in one wave keep config() (T=4: 10.7 us, against 11.5 with
-#   half as many programs of one 128-token tile: triton-dev/old_vs_new-before_t4_rule.csv);
+#   32-token tiles, 4 warps, twice the splits;
+# - grids of one 64-token tile a program in one wave keep config();
 # - beyond that, while one program per 128-token tile fits in one wave: that one tile, all its rows
-#   requested at once (one stage: two of 108 KB do not fit). T=6 12.8 against 13.8, T=8 13.3 against
-#   14.0. Loading the next tile's rows by hand instead (a prefetch as the FP8 kernel's, ids two tiles
-#   ahead and rows one; commit 5300926) was slower: 15.1 and 15.3.
+#   requested at once (one stage: two of 108 KB do not fit). Loading the next tile's rows by hand
+#   instead (a prefetch as the FP8 kernel's) was slower.
 # At 32 heads the 4-warp accumulator alone would take 128 registers a thread, and the one-tile
 # configuration (233 registers at 16 heads) has no room for the 32 more its accumulator would need.
 SMALL_GRID_HEADS = 16
 _SMALL_GRID = Config(block_h=SMALL_GRID_HEADS, block_n=32, num_warps=4, num_stages=2)
 _ONE_TILE = Config(block_h=SMALL_GRID_HEADS, block_n=128, num_warps=8, num_stages=1)
-# Triton 3.6 (where it was measured on an H200) builds the one-tile configuration in 233
-# registers; 3.7 and later spill it (544 bytes of stack at sm_90a), so they keep the 64-token tile.
-_ONE_TILE_BUILDS_CLEANLY = tuple(int(x) for x in triton.__version__.split(".")[:2]) < (3, 7)
+# Triton 3.6 builds the one-tile configuration in 233 registers; 3.7 and later spill it (544 bytes of stack at
+# sm_90a), so they keep the 64-token tile.
+_ONE_TILE_BUILDS_CLEANLY = TRITON_VERSION < (3, 7)
 
 
 def launch_config(num_tokens: int, heads: int, topk: int, fp8kv: bool, num_sms: int,
@@ -631,10 +656,9 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
     waves = ceil(programs / SMs), one program per SM at a time (the large configurations fill an
     SM's shared memory), and the last term (with more than one split) is the partials' write and
     combine read, partial_tiles tiles a program spread over the SMs; ties go to fewer splits (less
-    combine). This launcher leaves partial_tiles at 0: without it its picks were the fastest of 1-32
-    splits at 23 of 24 64/128-head shapes (T=2-64; the 24th, h64 FP8 T=2, takes 64 splits, outside that
-    sweep, H200). The Hopper kernel's larger
-    partials need it (hopper_mla.PARTIAL_TILES).
+    combine). This launcher leaves partial_tiles at 0: without it its picks were the fastest measured
+    (docs/design.md, Measured choices, "Triton attention kernel"). The Hopper kernel's larger partials need it
+    (hopper_mla.PARTIAL_TILES).
     Contest T=8 at 16 heads: 16 splits, 128 programs of 2 tiles; 128 heads at T=128: 1 split. Rows over
     ROW_IDS_MAX take at least the splits that hold them (past MAX_SPLITS the launcher refuses them)."""
     tiles = cdiv(topk, cfg.block_n)
@@ -894,16 +918,17 @@ def check_ids_in_cache(sparse_indices: torch.Tensor, topk_length: torch.Tensor |
 
 
 def row_pad(topk: int, splits: int, cfg: Config) -> int:
-    """ROW_PAD of a launch: its splits' share of the row, to a power of two, a whole tile and ROW_IDS_MIN."""
+    """ROW_PAD of a launch: its splits' share of the row, to a power of two, a whole tile and the fewest ids
+    the configuration loads (fewest_ids)."""
     share = cdiv(topk, splits)
     _check(share <= ROW_IDS_MAX, f"topk {topk} in {splits} splits leaves {share} positions a split, over the "
                                  f"{ROW_IDS_MAX} a split holds: use at least {cdiv(topk, ROW_IDS_MAX)} splits")
-    return max(next_power_of_2(share), cfg.block_n, ROW_IDS_MIN)
+    return max(next_power_of_2(share), cfg.block_n, fewest_ids(cfg))
 
 
 def row_pads(cfg: Config) -> list[int]:
     """Every ROW_PAD a launch of this configuration can pass (row_pad)."""
-    smallest = max(cfg.block_n, ROW_IDS_MIN)
+    smallest = max(cfg.block_n, fewest_ids(cfg))
     return [1 << b for b in range(smallest.bit_length() - 1, ROW_IDS_MAX.bit_length())]
 
 
@@ -947,18 +972,19 @@ def sparse_mla_attention(
         splits = num_splits or planned_splits
         _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
         pad = row_pad(topk, splits, cfg)
+        tile = row_tile(cfg, pad)
         # splits == 1: the program writes the final output; the partial pointers are never read.
         partials = (lse, lse, lse) if splits == 1 else split_partials(device, num_tokens, splits, heads)
         part_acc, part_m, part_l = partials
-        _kernel(fp8kv, cfg)[(heads // cfg.block_h, splits, num_tokens)](
+        _kernel(fp8kv, tile)[(heads // tile.block_h, splits, num_tokens)](
             q_nope, q_pe, ckv_arg, kpe_arg, sparse_indices, topk_length_arg, sink_arg,
             output, lse, part_acc, part_m, part_l, BAD_INDICES.tensor(device),
             float(sm_scale) * math.log2(math.e), lse_scale, topk, splits,
             int(topk_length is not None), int(attn_sink is not None), tokens_in_cache,
             q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
             sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
-            HEADS=heads, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, UPCAST_DOT=INTERPRETING, ROW_PAD=pad,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION,
+            HEADS=heads, BLOCK_H=tile.block_h, BLOCK_N=tile.block_n, UPCAST_DOT=INTERPRETING, ROW_PAD=pad,
+            num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=FP_FUSION,
         )
         if splits > 1:
             combine(partials, attn_sink, output, lse, lse_scale, heads, splits, num_tokens)
@@ -986,10 +1012,11 @@ def aot_specs() -> list[dict]:
         # (min_shared), and builds for arches with less skip them.
         launched = [(f, c) for f in (False, True) for c in dict.fromkeys(configs(heads, f) + configs(heads, f, True))]
         for fp8kv, cfg, pad in [(f, c, p) for f, c in launched for p in row_pads(c)]:
-            kernel = _kernel(fp8kv, cfg)
+            tile = row_tile(cfg, pad)
+            kernel = _kernel(fp8kv, tile)
             types = list(split_types)
             types[2:4] = ["*i8", "*i8"] if fp8kv else ["*bf16", "*bf16"]  # the two cache pointers
-            constexprs = {"HEADS": heads, "BLOCK_H": cfg.block_h, "BLOCK_N": cfg.block_n, "UPCAST_DOT": False,
+            constexprs = {"HEADS": heads, "BLOCK_H": tile.block_h, "BLOCK_N": tile.block_n, "UPCAST_DOT": False,
                           "ROW_PAD": pad}
             names = [n for n in kernel.arg_names if n not in constexprs]
             specs.append({
@@ -997,7 +1024,7 @@ def aot_specs() -> list[dict]:
                         + ("" if cfg == config(heads, fp8kv) else f"_n{cfg.block_n}w{cfg.num_warps}") + f"_ids{pad}",
                 "fn": kernel,
                 "signature": {**dict(zip(names, types, strict=True)), **{k: "constexpr" for k in constexprs}},
-                "constexprs": constexprs, "num_warps": cfg.num_warps, "num_stages": cfg.num_stages,
+                "constexprs": constexprs, "num_warps": tile.num_warps, "num_stages": tile.num_stages,
                 **({} if cfg in configs(heads, fp8kv, True) else {"min_shared": HOPPER_SHARED_PER_BLOCK}),
             })
     combine_args = {
