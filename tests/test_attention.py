@@ -480,7 +480,7 @@ def _gpu_solution(definition: str):
 IMPLEMENTATIONS = {"entry": _gpu_solution, "triton": lambda definition: _launcher_kwargs(definition, None)}
 
 
-SUITES = ("contest", "edge", "scale", "prefill")
+SUITES = ("contest", "edge", "scale", "prefill", "dispatch")
 # One test a workload, so that pytest -n spreads each suite over its workers.
 SUITE_WORKLOADS = {name: [w for w in suite(name) if w.definition.startswith("dsa_sparse_attention")]
                    for name in SUITES}

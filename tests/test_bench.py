@@ -15,7 +15,10 @@ from dsactl.definitions import CONTEST, CONTEST_INDEXER, get
 from dsactl.definitions.topk import rank_key
 from dsactl.errors import DsactlError
 from dsactl.fp8 import PAGE_SIZE
+from dsactl import harness
 from dsactl.harness import Call, prepare, run
+from dsactl.verify.rules import check
+from dsactl.kernels.attention import solution as attention_entry
 from dsactl.kernels.topk.torch_baseline import topk_page_transform
 
 TOPK_DEF = "dsa_topk_page_transform_topk2048_ps64"
@@ -670,3 +673,27 @@ def test_one_contest_workload_per_definition_end_to_end():
             assert r.impl
             if r.solution == "dsactl-attention":
                 assert r.impl in ("hopper", "triton")
+
+
+def test_forced_kernel_plugins_serve_where_their_kernel_takes_the_call_and_run_that_kernel():
+    """dsactl-<kernel> times the shipped entry with one kernel forced (the dispatch suite's contenders):
+    each serves the heads and KV formats its kernel takes, and its bound call runs that kernel, verified."""
+    def served(name):
+        return {n for n in ("dsactl-hopper", "dsactl-mma", "dsactl-triton") if baselines.serves(n, get(name))}
+
+    base = "dsa_sparse_attention_h{}_ckv512_kpe64_topk2048_ps64"
+    assert served(base.format(16)) == {"dsactl-hopper", "dsactl-triton"}
+    assert served(base.format(32) + "_fp8kv") == {"dsactl-hopper", "dsactl-mma", "dsactl-triton"}
+    assert served(base.format(128) + "_fp8kv_sink") == {"dsactl-triton"}
+    assert served(TOPK_DEF) == set()
+    workload = next(w for w in workloads.suite("edge") if w.uuid == "edge-attention-duplicates-h16-bf16")
+    call = harness.prepare(workload, "cpu", seed=3)
+    plugin = next(p for p in baselines.PLUGINS if p.name == "dsactl-triton")
+    seen = []
+    module = SimpleNamespace(sparse_mla_attention=lambda *a, **kw: seen.append(kw["implementation"]) or
+                             attention_entry.sparse_mla_attention(*a, **kw))
+    harness.poison(call.outputs)
+    plugin.adapter(module, call)()
+    assert seen == ["triton"]
+    verdict = check(call.definition, call.inputs, call.outputs)
+    assert verdict.passed, "\n".join(verdict.problems)

@@ -13,6 +13,9 @@ names pick among the others (default: all that serve the definition):
                 prefill kernel for bf16 KV; under 64 heads q is padded to 64 heads, as engines do
   dsactl-padded64  this project's attention on q padded to 64 heads (definitions under 64 heads): what
                 padding would cost here, beside the native kernels
+  dsactl-hopper, dsactl-mma, dsactl-triton  this project's attention with one kernel forced, wherever that
+                kernel takes the definition's heads and KV format: the dispatch's choice against each
+                alternative (the `dispatch` suite, profiles/reproduce.sh area dispatch)
 A plug-in that is not importable here is listed as skipped, never an error.
 """
 
@@ -134,6 +137,29 @@ def _padded_attention(module: Any, call: Call) -> Callable[[], Any]:
                              lse, lse_base_e=d.params["lse_base"] != 2.0, **extra)
 
 
+def _forced_attention(implementation: str, module: Any, call: Call) -> Callable[[], Any]:
+    """This project's attention entry with the kernel forced, on the definition's own tensors."""
+    x, out, d = call.inputs, call.outputs, call.definition
+    extra = {k: x[k] for k in ("ckv_cache", "kpe_cache", "kv_cache", "topk_length", "attn_sink") if k in x}
+    return functools.partial(module.sparse_mla_attention, x["q_nope"], x["q_pe"], x["sparse_indices"], x["sm_scale"],
+                             out["output"], out["lse"], lse_base_e=d.params["lse_base"] != 2.0,
+                             implementation=implementation, **extra)
+
+
+def _forced_serves(implementation: str, d: Definition) -> bool:
+    """Whether the forced kernel takes the definition's heads and KV format at all (the dispatch's thresholds
+    and limits aside): the Hopper kernel every head count it tiles without topk_length or a sink, the small-head
+    kernel FP8 KV at 16/32 heads, the Triton kernel everything."""
+    if stage(d) != "attention":
+        return False
+    from dsactl.kernels.attention import dispatch
+
+    heads, fp8 = d.params["heads"], d.params["fp8kv"]
+    plain = not (d.params["has_topk_length"] or d.params["has_sink"])
+    return {dispatch.HOPPER: heads in dispatch.HOPPER_HEADS and plain,
+            dispatch.MMA: heads in dispatch.MMA_HEADS and fp8, dispatch.TRITON: True}[implementation]
+
+
 @dataclass(frozen=True)
 class Plugin:
     name: str
@@ -158,6 +184,8 @@ PLUGINS = (
            lambda d: stage(d) == "attention" and d.params["heads"] <= max(FLASHMLA_HEADS), _flashmla_attention),
     Plugin("dsactl-padded64", "dsactl.kernels.attention.solution",
            lambda d: stage(d) == "attention" and d.params["heads"] < PADDED_HEADS, _padded_attention),
+    *(Plugin(f"dsactl-{impl}", "dsactl.kernels.attention.solution", functools.partial(_forced_serves, impl),
+             functools.partial(_forced_attention, impl)) for impl in ("hopper", "mma", "triton")),
 )
 
 

@@ -1,4 +1,4 @@
-"""The embedded workload suites: contest (the default), scale, prefill, edge, hostile.
+"""The embedded workload suites: contest (the default), scale, prefill, dispatch, edge, hostile.
 
 All are deterministic: the same suite always lists the same workloads (seeded
 by SUITE_SEED); inputs are drawn per call from make_inputs' seed.
@@ -15,7 +15,7 @@ from dsactl.fp8 import PAGE_SIZE
 from dsactl.workloads.workload import Workload
 
 SUITE_SEED = 2026
-SUITES = ("contest", "scale", "prefill", "edge", "hostile")
+SUITES = ("contest", "scale", "prefill", "dispatch", "edge", "hostile")
 ALL = ("contest", "scale", "edge")  # `all`: hostile inputs are for verify, not timing; prefill is for GPUs (its size)
 # Suites small enough that verify runs them whole under the Triton interpreter (no --quick subset on CPU).
 INTERPRETER_SIZED = ("hostile",)
@@ -124,6 +124,17 @@ def prefill() -> list[Workload]:
     return _attention_grid("prefill", PREFILL_HEADS, PREFILL_TOKENS, PREFILL_NUM_PAGES)
 
 
+# Every power of two up to the scale suite's 128: the attention dispatch's token thresholds lie among them.
+DISPATCH_TOKENS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+def dispatch() -> list[Workload]:
+    """Sparse attention at every head count and the small token counts where the dispatch chooses between
+    kernels; timed with each kernel forced (bench's dsactl-<kernel> plug-ins), it is the measurement the
+    dispatch's thresholds come from (kernels/attention/dispatch.py)."""
+    return _attention_grid("dispatch", SCALE_ATTENTION_HEADS, DISPATCH_TOKENS, SCALE_ATTENTION_NUM_PAGES)
+
+
 EDGE_LENGTHS = (1, 63, 64, 65, 2047, 2048, 2049, 5824, 6145)
 LARGE_Q = 2.0**17  # q of N(0, 1) times this passes 65504 in nearly every head
 TOPK_PATTERNS = ("all_equal", "two_values", "one_bin", "ascending", "descending", "neg_inf_tail", "nan")
@@ -229,7 +240,8 @@ def hostile() -> list[Workload]:
 
 
 def suite(name: str) -> list[Workload]:
-    makers = {"contest": contest, "scale": scale, "prefill": prefill, "edge": edge, "hostile": hostile}
+    makers = {"contest": contest, "scale": scale, "prefill": prefill, "dispatch": dispatch, "edge": edge,
+              "hostile": hostile}
     if name == "all":
         return [w for suite_name in ALL for w in makers[suite_name]()]
     if name not in makers:
