@@ -1,6 +1,7 @@
 """Result tables, rendered from the committed results under profiles/<gpu>/.
 
-Each table in README.md sits between `<!-- results:NAME -->` and `<!-- /results -->` and shows the README's GPU.
+Each table in README.md sits between `<!-- results:NAME -->` and `<!-- /results -->` and shows the README's GPU,
+each of README_TABLES that its results hold.
 `render(NAME, GPU)` makes it from the CSV or JSON that profiles/reproduce.sh wrote; `python -m dsactl.results
 --write README.md` rewrites every marked table and `--check README.md` exits 1 naming each one that differs, so
 a published figure cannot drift from its source (a CPU test runs the check). `--print GPU` prints the tables
@@ -233,6 +234,16 @@ def tune_scale(folder: Path) -> str:
     return _tune(folder, "scale")
 
 
+def machine(folder: Path) -> str:
+    """The GPU and software the results were measured with, from the environment.json of `dsactl doctor`."""
+    env = json.loads((folder / "environment.json").read_text())
+    card = env["gpus"][0]
+    tools = {t["name"]: t for t in env["tools"]}
+    software = ", ".join(f"{name} {tools[name]['version']}" for name in ("torch", "triton", "nvcc") if name in tools)
+    return (f"Measured on one {card['name']} ({card['sm_count']} SMs, driver {card['driver']}; {software}); "
+            f"source: `profiles/{folder.name}/`.\n")
+
+
 def verify(folder: Path) -> str:
     """Per suite: (solution, workload) pairs that passed, failed or errored, from verify.json."""
     data = json.loads((folder / "verify.json").read_text())
@@ -246,11 +257,15 @@ def verify(folder: Path) -> str:
 
 # Each table and the file under profiles/<gpu>/ it is rendered from.
 TABLES: dict[str, tuple[str, Callable[[Path], str]]] = {
-    "contest": ("contest.csv", contest), "attention-fp8": ("attention.csv", attention_fp8),
-    "attention-bf16": ("attention.csv", attention_bf16), "prefill": ("prefill.csv", prefill),
+    "machine": ("environment.json", machine), "contest": ("contest.csv", contest),
+    "attention-fp8": ("attention.csv", attention_fp8), "attention-bf16": ("attention.csv", attention_bf16), "prefill": ("prefill.csv", prefill),
     "indexer": ("indexer.csv", indexer), "pipeline": ("pipeline.csv", pipeline), "verify": ("verify.json", verify),
     "tune-contest": ("tune-contest.json", tune_contest), "tune-scale": ("tune-scale.json", tune_scale),
 }
+
+
+# The tables README.md shows; tune's gains stay under --print.
+README_TABLES = ("machine", "verify", "contest", "attention-fp8", "attention-bf16", "prefill", "indexer", "pipeline")
 
 
 def folder_of(gpu: str) -> Path:

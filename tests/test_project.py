@@ -43,9 +43,10 @@ def test_readme_result_tables_are_rendered_from_the_committed_results():
 
     text = (ROOT / "README.md").read_text()
     names = [m.group("name") for m in results.BLOCK.finditer(text)]
-    assert sorted(names) == sorted(results.available(results.README_GPU)), \
-        "every table the README's GPU has results for appears once in the README, and no other"
-    assert all(m.group("body").count("\n|") >= 2 for m in results.BLOCK.finditer(text)), "no empty table"
+    shown = [name for name in results.README_TABLES if name in results.available(results.README_GPU)]
+    assert names == shown, "the README shows, in order, each of README_TABLES that its GPU has results for"
+    tables = [m for m in results.BLOCK.finditer(text) if m.group("name") != "machine"]
+    assert all(m.group("body").count("\n|") >= 2 for m in tables), "no empty table"
     assert results.stale(text) == [], "run: python -m dsactl.results --write README.md"
 
 
@@ -66,7 +67,7 @@ def test_every_committed_profile_renders_its_tables(capsys):
 
 
 def test_readme_stays_short():
-    assert len((ROOT / "README.md").read_text().splitlines()) <= 180
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 200
 
 
 def _tracked() -> list[Path]:

@@ -3,13 +3,12 @@ table of it that `dsactl list` prints.
 
 On sm_90 GPUs two CUDA kernels serve the shapes they were built for, each within its limits:
 - the Hopper kernel (hopper_mla.cu) without topk_length or a sink (topk a multiple of 64 up to 2048, at
-  most 65535 tokens, 16-byte aligned rows), from HOPPER_MIN_TOKENS query tokens per (heads, KV format):
-  at 64 and 128 heads it was faster than the Triton kernel on every shape measured on an H200 (1.08x at
-  the closest: 64 heads, 2 tokens, bf16 KV); below 64 heads it computes a whole 64-row tile, and serves
-  32 heads, where that still wins;
-- the small-head kernel (mma_mla.cu) at 16 and 32 heads with FP8 KV, every variant, from
-  MMA_MIN_TOKENS query tokens (below them the Triton kernel's shorter launch wins; MMA_MIN_TOKENS says
-  where it was measured), where the Hopper kernel does not serve.
+  most 65535 tokens, 16-byte aligned rows), from HOPPER_MIN_TOKENS query tokens per (heads, KV format); below
+  64 heads it computes a whole 64-row tile, and serves 32 heads where that still wins;
+- the small-head kernel (mma_mla.cu) at 16 and 32 heads with FP8 KV, every variant, from MMA_MIN_TOKENS query
+  tokens (below them the Triton kernel's shorter launch wins), where the Hopper kernel does not serve.
+The thresholds are where each kernel measured fastest (docs/design.md, "Measured choices"; `bash
+profiles/reproduce.sh dispatch` times every head count x 1-128 tokens x KV format with each kernel forced).
 The Triton kernel serves every other call. Where a CUDA kernel should serve and its library is not
 built, the call fails naming the build to run: it never falls back to the slower kernel unasked.
 Asking for an implementation (ATTENTION_KERNEL_ENV, or implementation=...) always runs it, or fails
@@ -30,14 +29,9 @@ IMPLEMENTATIONS = (HOPPER, MMA, TRITON)
 ATTENTION_KERNEL_ENV = "DSA_ATTENTION_KERNEL"
 HOPPER_CAPABILITY = (9, 0)  # wgmma and setmaxnreg: sm_90a only
 HOPPER_HEADS = (16, 32, 64, 128)  # a CTA owns 64 heads of one token (below 64, rows of zero q)
-# The fewest query tokens the Hopper kernel serves, per (heads, FP8 KV); a pair missing is never served by
-# it. H200, topk 2048, us, the 64-head kernel against the kernel that served before it: 32 heads bf16,
-# Triton, from 9.8 against 9.5 at 1 token to 153.1 against 87.5 at 128; 32 heads FP8, 24.7 (Triton)
-# against 18.3 at 8 tokens, 142.7 (small-head kernel) against 134.9 at 128 (10.7 against 12.6 at 1). At
-# 16 heads FP8 the small-head kernel is faster at every token count (89.2 against 134.9 at 128). At 16 heads
-# bf16 the Hopper kernel is faster from 32 tokens (33.0 against 38.2, 87.5 against 120.8 at 128, within 1%
-# from 256) but stays out: the 16-head bf16 definition is the contest's, and its bundle stays free of CUDA
-# (it runs wherever Triton does, and verifies on CPU under the interpreter).
+# The fewest query tokens the Hopper kernel serves, per (heads, FP8 KV); a pair missing is never served by it.
+# 16 heads: the small-head kernel is faster with FP8 KV; with bf16 the definition is the contest's, whose bundle
+# stays free of CUDA (it runs wherever Triton does, and verifies on CPU under the interpreter).
 HOPPER_MIN_TOKENS = {(32, False): 1, (32, True): 8, (64, False): 1, (64, True): 1, (128, False): 1, (128, True): 1}
 
 
@@ -48,9 +42,7 @@ def hopper_heads(fp8kv: bool) -> tuple[int, ...]:
 
 MMA_CAPABILITY = (9, 0)  # where it was measured against the Triton kernel (it runs on sm_90 and sm_100)
 MMA_HEADS = (16, 32)
-# The fewest query tokens the small-head kernel serves, per head count: H200, FP8 KV, topk 2048, full
-# rows; at 16 heads 19.1 us against the Triton kernel's 21.0 at 8 tokens (12.8 against 9.4 at 1), at 32
-# heads 54.0 against 82.5 at 32 tokens (31.5 against 27.3 at 8; 16 tokens, between the two, not measured).
+# The fewest query tokens the small-head kernel serves, per head count (FP8 KV, full rows).
 MMA_MIN_TOKENS = {16: 8, 32: 16}
 
 
