@@ -128,12 +128,76 @@ def test_deep_gemm_api_matches_deep_gemms_reference_formula(max_seqlen_k):
     assert torch.allclose(got[finite], want[finite], rtol=1e-4, atol=1e-3)
 
 
+def _fused_cache(kv):
+    """DeepGEMM's paged FP8 cache (its tests' kv_cache_cast_to_fp8): per block, the e4m3 keys then one fp32
+    scale a key, as uint8 [blocks, block_kv, 1, D + 4]; and the keys it encodes, dequantized."""
+    blocks, block_kv, _, dim = kv.shape
+    scale = kv.abs().float().amax(dim=3, keepdim=True).clamp(1e-4) / 448.0
+    fp8 = (kv * (1.0 / scale)).to(torch.float8_e4m3fn)
+    fused = torch.empty(blocks, block_kv * (dim + 4), dtype=torch.uint8, device=kv.device)
+    fused[:, :block_kv * dim] = fp8.view(blocks, block_kv * dim).view(torch.uint8)
+    fused[:, block_kv * dim:] = scale.view(blocks, block_kv).view(torch.uint8)
+    return fused.view(blocks, block_kv, 1, dim + 4), fp8.float() * scale
+
+
+def _deepgemm_paged_reference(q, keys, weights, visible, block_table):
+    """DeepGEMM's tests' paged reference, per row: keys gathered through the block table, ReLU, weighted
+    head sum; -inf at and past the row's visible count."""
+    rows, heads = weights.shape
+    next_n = rows // q.shape[0]
+    width = block_table.shape[1] * keys.shape[1]
+    out = torch.full((rows, width), float("-inf"), dtype=torch.float64, device=q.device)
+    for r in range(rows):
+        b, j = divmod(r, next_n)
+        k = keys[block_table[b].long()].reshape(width, -1).double()
+        s = (q[b, j].double() @ k.T).relu()  # [heads, width]
+        n = int(visible[r])
+        out[r, :n] = (s * weights[r].double()[:, None]).sum(0)[:n]
+    return out
+
+
+@pytest.mark.parametrize("row_lens, dtype, clean", [(False, torch.float32, False), (True, torch.float32, True),
+                                                    (True, torch.bfloat16, False)])
+def test_deep_gemm_paged_logits_match_deep_gemms_reference_formula(row_lens, dtype, clean):
+    B, N, H, D, blocks_per_row = 3, 2, 64, 128, 3
+    g = torch.Generator().manual_seed(7 + row_lens)
+    q = torch.randn(B, N, H, D, generator=g).to(torch.float8_e4m3fn).to(DEVICE)
+    weights = torch.randn(B * N, H, generator=g).to(DEVICE)
+    cache, keys = _fused_cache(torch.randn(B * blocks_per_row + 2, 64, 1, D, generator=g).to(DEVICE))
+    block_table = torch.randperm(B * blocks_per_row + 2, generator=g)[:B * blocks_per_row].view(B, -1)
+    block_table = block_table.to(torch.int32).to(DEVICE)
+    context = torch.tensor([150, 64 * blocks_per_row, 7], dtype=torch.int32, device=DEVICE)
+    if row_lens:
+        lens = torch.stack([context // 2, context], 1).to(torch.int32).contiguous()
+        visible = lens.flatten()
+    else:
+        lens = context
+        visible = (context[:, None] - N + 1 + torch.arange(N, device=DEVICE)[None, :]).flatten()
+    width = blocks_per_row * 64
+    meta = deep_gemm.get_paged_mqa_logits_metadata(lens, 64, 132)
+    got = deep_gemm.fp8_fp4_paged_mqa_logits((q, None), cache, weights, lens, block_table, meta, width,
+                                             clean_logits=clean, logits_dtype=dtype)
+    want = _deepgemm_paged_reference(q.float(), keys.squeeze(2), weights, visible, block_table)
+    assert got.shape == (B * N, width) and got.dtype == dtype
+    pos = torch.arange(width, device=DEVICE)[None, :]
+    seen = pos < visible[:, None]
+    assert _close(got[seen], want[seen], dtype)
+    longest = visible.view(B, N).amax(1).repeat_interleave(N)[:, None]
+    assert torch.isneginf(got[~seen & (pos < longest)]).all()
+    if clean:
+        assert torch.isneginf(got[~seen]).all()
+
+
 def test_deep_gemm_api_refuses_what_it_does_not_serve_in_one_line():
     with pytest.raises(deep_gemm.CompatError, match="FP4 q"):
         deep_gemm.fp8_fp4_mqa_logits((None, torch.zeros(1)), (None, None), None, None, None)
     with pytest.raises(deep_gemm.CompatError, match="clean_logits=False"):
         deep_gemm.fp8_fp4_mqa_logits((None, None), (None, None), None, None, None, clean_logits=True,
                                      max_seqlen_k=4)
-    for name in ("get_paged_mqa_logits_metadata", "fp8_paged_mqa_logits", "fp8_fp4_paged_mqa_logits"):
-        with pytest.raises(deep_gemm.CompatError, match=f"^{name}: the paged decode logits are not served"):
-            getattr(deep_gemm, name)()
+    lens = torch.ones(2, dtype=torch.int32)
+    with pytest.raises(deep_gemm.CompatError, match="block_kv 32 is not served"):
+        deep_gemm.get_paged_mqa_logits_metadata(lens, 32, 132)
+    with pytest.raises(deep_gemm.CompatError, match="varlen rows"):
+        deep_gemm.get_paged_mqa_logits_metadata(lens, 64, 132, indices=lens)
+    with pytest.raises(deep_gemm.CompatError, match="FP4 q"):
+        deep_gemm.fp8_fp4_paged_mqa_logits((None, lens), None, None, lens, None, None, 64)

@@ -3,10 +3,12 @@ deep_gemm` where an engine imports deep_gemm for the lightning indexer's logits.
 
 Names, arguments, defaults and outputs are DeepGEMM's (its csrc/apis/attention.hpp): logits come back as a
 [T, S] (or compressed [T, max_seqlen_k]) view of rows padded to whole key tiles, float32 unless
-`logits_dtype` says bfloat16. Served: `fp8_mqa_logits`, `fp8_fp4_mqa_logits` with an FP8 q (`(q, None)`),
-`get_num_sms` / `set_num_sms`. What is not served yet raises CompatError naming it: FP4 inputs, and the paged
-decode forms (`get_paged_mqa_logits_metadata`, `fp8_paged_mqa_logits`, `fp8_fp4_paged_mqa_logits`), whose
-kernel is dsactl's own decode indexer behind its own contract (dsactl.ops.indexer_topk) for now.
+`logits_dtype` says bfloat16. Served, with an FP8 q (`(q, None)`): the ragged prefill logits
+(`fp8_mqa_logits`, `fp8_fp4_mqa_logits`, on kernels/indexer/mqa_logits.py) and the paged decode logits
+(`get_paged_mqa_logits_metadata`, `fp8_paged_mqa_logits`, `fp8_fp4_paged_mqa_logits`, on the decode indexer's
+scoring kernel, kernels/indexer/score.py: 64-token blocks, 32/64 heads of dim 128, 1-4 rows a request);
+`get_num_sms` / `set_num_sms`. What is not served raises CompatError naming it: FP4 inputs, other block
+sizes, varlen rows (`indices`). bfloat16 logits are the float32 ones converted (a second pass).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import torch
 
 from dsactl.kernels.errors import KernelInputError
 from dsactl.kernels.indexer.mqa_logits import mqa_logits
+from dsactl.kernels.indexer.score import score
 
 # Logits rows are padded to whole key tiles of this many elements (DeepGEMM pads to its block and to
 # 1024-byte rows): the kernel's stores never straddle a row.
@@ -78,14 +81,56 @@ def fp8_mqa_logits(q: torch.Tensor, kv, weights: torch.Tensor, cu_seq_len_k_star
                               max_seqlen_k, torch.float32)
 
 
-def _paged_not_served(name: str):
-    def refuse(*args, **kwargs):
-        raise CompatError(f"{name}: the paged decode logits are not served through the DeepGEMM API yet; "
-                          "dsactl.ops.indexer_topk scores and selects a paged FP8 cache in one call")
-    refuse.__name__ = name
-    return refuse
+PAGED_BLOCK_KV = 64  # the index cache page dsactl's decode indexer reads (8448 bytes: 64 x 128 e4m3, 64 fp32 scales)
 
 
-get_paged_mqa_logits_metadata = _paged_not_served("get_paged_mqa_logits_metadata")
-fp8_paged_mqa_logits = _paged_not_served("fp8_paged_mqa_logits")
-fp8_fp4_paged_mqa_logits = _paged_not_served("fp8_fp4_paged_mqa_logits")
+def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num_sms: int,
+                                  indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """DeepGEMM's schedule for fp8_paged_mqa_logits. dsactl's kernel splits the rows itself, so the schedule
+    is an empty int32 [0, 2] tensor; the call checks what the logits call will need."""
+    _check_paged(block_kv, indices)
+    return torch.empty(0, 2, dtype=torch.int32, device=context_lens.device)
+
+
+def _check_paged(block_kv: int, indices) -> None:
+    if block_kv != PAGED_BLOCK_KV:
+        raise CompatError(f"paged mqa logits: block_kv {block_kv} is not served (only {PAGED_BLOCK_KV})")
+    if indices is not None:
+        raise CompatError("paged mqa logits: varlen rows (indices) are not served")
+
+
+def fp8_fp4_paged_mqa_logits(q, kv_cache: torch.Tensor, weights: torch.Tensor, context_lens: torch.Tensor,
+                             block_table: torch.Tensor, schedule_meta: torch.Tensor, max_context_len: int,
+                             clean_logits: bool = False, logits_dtype: torch.dtype = torch.float32,
+                             indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Decode logits over a paged FP8 index cache: q = (float8_e4m3fn [B, next_n, H, 128], None), kv_cache
+    uint8 [num_blocks, 64, 1, 132], weights float32 [B * next_n, H], context_lens int32 [B] (token j of a
+    request sees context_len - next_n + j + 1 keys) or [B, next_n] (each row its own count), block_table
+    int32 [B, max_blocks]. Returns logits [B * next_n, max_context_len]: each row's visible keys scored,
+    -inf past them up to the request's longest row, and -inf everywhere past that where clean_logits (else
+    unspecified there, as in DeepGEMM)."""
+    q_fp, q_sf = q
+    if q_sf is not None:
+        raise CompatError("fp8_fp4_paged_mqa_logits: FP4 q (a scale tensor in q) is not served; pass (q_fp8, None)")
+    _check_paged(kv_cache.shape[1] if kv_cache.dim() == 4 else -1, indices)
+    if logits_dtype not in (torch.float32, torch.bfloat16):
+        raise CompatError(f"fp8_fp4_paged_mqa_logits: logits_dtype {logits_dtype} is not float32 or bfloat16")
+    rows = q_fp.shape[0] * q_fp.shape[1]
+    width = max(max_context_len, block_table.shape[1] * PAGED_BLOCK_KV)
+    scores = _padded(rows, width, torch.float32, q_fp.device)
+    lengths = torch.empty(rows, dtype=torch.int32, device=q_fp.device)
+    score(q_fp, kv_cache.view(torch.int8), weights, context_lens, block_table, scores, lengths)
+    logits = scores[:, :max_context_len]
+    if clean_logits:
+        past = torch.arange(max_context_len, device=q_fp.device)[None, :] >= lengths[:, None]
+        logits.masked_fill_(past, float("-inf"))
+    return logits if logits_dtype == torch.float32 else logits.to(logits_dtype)
+
+
+def fp8_paged_mqa_logits(q: torch.Tensor, kv_cache: torch.Tensor, weights: torch.Tensor,
+                         context_lens: torch.Tensor, block_table: torch.Tensor, schedule_meta: torch.Tensor,
+                         max_context_len: int, clean_logits: bool = False,
+                         indices: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """DeepGEMM's older name: fp8_fp4_paged_mqa_logits with an FP8 q and float32 logits."""
+    return fp8_fp4_paged_mqa_logits((q, None), kv_cache, weights, context_lens, block_table, schedule_meta,
+                                    max_context_len, clean_logits, torch.float32, indices)

@@ -12,7 +12,8 @@ Contract (B requests, N = next_n query tokens per request, H heads, S = max_num_
   scores   float32 [B * N, >= S], unit column stride           (written)
   lengths  int32 [B * N]                                        (written)
 
-Row r = b * N + j is query token j of request b; it sees visible = seq_len - N + j + 1 tokens and
+Row r = b * N + j is query token j of request b; it sees visible = seq_len - N + j + 1 tokens (with
+seq_lens int32 [B, N], each row's own visible = seq_lens[b, j] and seq_len their maximum) and
   scores[r, s] = scale[s] * sum_h w[b, j, h] * relu(q[b, j, h] . k8[s])   for s < visible,
   scores[r, s] = -inf                                                   for visible <= s < seq_len,
 and lengths[r] = max(visible, 0). Positions >= seq_len are not written: the top-k reads only the
@@ -85,7 +86,7 @@ def indexer_score_kernel(
     k_ptr,  # *fp8e4nv: the cache's bytes
     scale_ptr,  # *fp32: the same bytes as fp32 words
     w_ptr,  # *fp32 [B, NEXT_N, HEADS]
-    seq_lens_ptr,  # *i32 [B]
+    seq_lens_ptr,  # *i32 [B], or [B * NEXT_N] with ROW_LENS
     block_table_ptr,  # *i32 [B, bt_stride]
     scores_ptr,  # *fp32 [B * NEXT_N, scores_stride]
     lengths_ptr,  # *i32 [B * NEXT_N]
@@ -105,6 +106,7 @@ def indexer_score_kernel(
     DIM: tl.constexpr,
     PAGE_BYTES: tl.constexpr,
     SCALE_OFFSET: tl.constexpr,
+    ROW_LENS: tl.constexpr = False,  # seq_lens holds each query row's own visible length [B * NEXT_N]
 ):
     """Long rows: program (b, split) walks tokens_per_program tokens of request b in BLOCK_N steps."""
     tl.static_assert(BLOCK_N % PAGE == 0, "a step covers whole pages")
@@ -112,11 +114,15 @@ def indexer_score_kernel(
     tl.static_assert(NQ >= NEXT_N, "NQ pads NEXT_N")
     b = tl.program_id(0)
     split = tl.program_id(1)
-    seq_len = tl.load(seq_lens_ptr + b)
     j = tl.arange(0, NQ)
-    visible = seq_len - NEXT_N + 1 + j  # [NQ]
     rows = b * NEXT_N + j
     real_j = j < NEXT_N
+    if ROW_LENS:
+        visible = tl.load(seq_lens_ptr + rows, mask=real_j, other=0)  # [NQ]
+        seq_len = tl.max(tl.where(real_j, visible, 0), 0)
+    else:
+        seq_len = tl.load(seq_lens_ptr + b)
+        visible = seq_len - NEXT_N + 1 + j  # [NQ]
     if split == 0:
         tl.store(lengths_ptr + rows, tl.maximum(visible, 0), mask=real_j)
 
@@ -312,10 +318,11 @@ def query_shape(q: torch.Tensor) -> tuple[int, int, int]:
     raise KernelInputError(f"indexer q must be [B, H, 128] or [B, next_n, H, 128], got {list(q.shape)}")
 
 
-def check_inputs(q, cache, weights, seq_lens, block_table, **outputs) -> tuple[int, int, int]:
+def check_inputs(q, cache, weights, seq_lens, block_table, *, row_lens: bool = False,
+                 **outputs) -> tuple[int, int, int]:
     """Checks the inputs against the contract above and that every one of `outputs` (name=tensor) is a tensor
     on the inputs' device; a one-line KernelInputError names the first bad argument. Returns (batch, next_n,
-    heads)."""
+    heads). row_lens: seq_lens holds each query row's visible length, [batch, next_n]."""
     named = (("q", q), ("k cache", cache), ("weights", weights), ("seq_lens", seq_lens), ("block_table", block_table),
              *outputs.items())
     for name, t in named:
@@ -336,8 +343,10 @@ def check_inputs(q, cache, weights, seq_lens, block_table, **outputs) -> tuple[i
     if weights.dtype != torch.float32 or weights.numel() != batch * next_n * heads or not weights.is_contiguous():
         raise KernelInputError(f"indexer weights must be contiguous float32 with {batch}x{next_n}x{heads} values, "
                           f"got {weights.dtype} {list(weights.shape)}")
-    if seq_lens.dtype != torch.int32 or seq_lens.shape != (batch,):
-        raise KernelInputError(f"seq_lens must be int32 [{batch}], got {seq_lens.dtype} {list(seq_lens.shape)}")
+    lens_shape = (batch, next_n) if row_lens else (batch,)
+    if seq_lens.dtype != torch.int32 or seq_lens.shape != lens_shape or not seq_lens.is_contiguous():
+        raise KernelInputError(f"seq_lens must be contiguous int32 {list(lens_shape)}, got {seq_lens.dtype} "
+                               f"{list(seq_lens.shape)}")
     if block_table.dtype != torch.int32 or block_table.dim() != 2 or block_table.shape[0] != batch \
             or block_table.stride(1) != 1:
         raise KernelInputError(f"block_table must be int32 [{batch}, max_num_pages] with unit column stride, "
@@ -349,7 +358,9 @@ def check_inputs(q, cache, weights, seq_lens, block_table, **outputs) -> tuple[i
 
 
 def _check(q, cache, weights, seq_lens, block_table, scores, lengths) -> tuple[int, int, int]:
-    batch, next_n, heads = check_inputs(q, cache, weights, seq_lens, block_table, scores=scores, lengths=lengths)
+    row_lens = isinstance(seq_lens, torch.Tensor) and seq_lens.dim() == 2
+    batch, next_n, heads = check_inputs(q, cache, weights, seq_lens, block_table, row_lens=row_lens, scores=scores,
+                                        lengths=lengths)
     max_len = block_table.shape[1] * PAGE_SIZE
     if scores.dtype != torch.float32 or scores.dim() != 2 or scores.shape[0] != batch * next_n \
             or scores.shape[1] < max_len or scores.stride(1) != 1:
@@ -363,8 +374,8 @@ def _check(q, cache, weights, seq_lens, block_table, scores, lengths) -> tuple[i
 def score(q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, seq_lens: torch.Tensor,
           block_table: torch.Tensor, scores: torch.Tensor, lengths: torch.Tensor, skip_len: int = 0,
           config: ScoreConfig | None = None) -> None:
-    """Write the indexer scores and per-row visible lengths (module docstring); one launch.
-    `config` overrides choose_config (for tuning sweeps)."""
+    """Write the indexer scores and per-row visible lengths (module docstring); one launch. seq_lens [B] or,
+    each query row's own length, [B, next_n]. `config` overrides choose_config (for tuning sweeps)."""
     batch, next_n, heads = _check(q, cache, weights, seq_lens, block_table, scores, lengths)
     max_len = block_table.shape[1] * PAGE_SIZE
     if batch == 0 or max_len == 0:
@@ -381,7 +392,8 @@ def score(q: torch.Tensor, cache: torch.Tensor, weights: torch.Tensor, seq_lens:
             skip_len, cache.shape[0], max_len,
             HEADS=heads, NEXT_N=next_n, NQ=_nq(next_n), BLOCK_N=cfg.block_n, STAGES=cfg.num_stages, PAGE=PAGE_SIZE,
             DIM=INDEX_HEAD_DIM, PAGE_BYTES=INDEX_PAGE_BYTES, SCALE_OFFSET=INDEX_SCALE_OFFSET,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages, enable_fp_fusion=FP_FUSION)
+            ROW_LENS=seq_lens.dim() == 2, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            enable_fp_fusion=FP_FUSION)
 
     if config is not None:
         run(config)
@@ -413,7 +425,7 @@ def aot_specs() -> list[dict]:
                 cfg = choose_config(1, next_n, heads, PAGE_SIZE, large=large)
                 constexprs = {"HEADS": heads, "NEXT_N": next_n, "NQ": _nq(next_n), "BLOCK_N": cfg.block_n,
                               "STAGES": cfg.num_stages, "PAGE": PAGE_SIZE, "DIM": INDEX_HEAD_DIM,
-                              "PAGE_BYTES": INDEX_PAGE_BYTES, "SCALE_OFFSET": INDEX_SCALE_OFFSET}
+                              "PAGE_BYTES": INDEX_PAGE_BYTES, "SCALE_OFFSET": INDEX_SCALE_OFFSET, "ROW_LENS": False}
                 specs.append({
                     "name": f"indexer_score_h{heads}_nextn{next_n}_s{cfg.num_stages}",
                     "fn": indexer_score_kernel,
