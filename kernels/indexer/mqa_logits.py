@@ -72,10 +72,9 @@ def mqa_logits_kernel(
     j = tl.arange(0, BLOCK_M)
     rows = rb * BLOCK_M + j
     real_row = rows < num_rows
-    ks = tl.minimum(tl.maximum(tl.load(ks_ptr + rows, mask=real_row, other=0), 0), num_keys)
-    ke_raw = tl.load(ke_ptr + rows, mask=real_row, other=0)
-    ke = tl.minimum(tl.maximum(ke_raw, ks), num_keys)
     ks_raw = tl.load(ks_ptr + rows, mask=real_row, other=0)
+    ks = tl.minimum(tl.maximum(ks_raw, 0), num_keys)
+    ke = tl.minimum(tl.maximum(tl.load(ke_ptr + rows, mask=real_row, other=0), ks), num_keys)
     # The keys any row of the block sees; an empty block sees [num_keys, 0).
     lo = tl.min(tl.where(real_row & (ke > ks), ks, num_keys), 0)
     hi = tl.max(tl.where(real_row & (ke > ks), ke, 0), 0)
