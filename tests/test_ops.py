@@ -520,20 +520,27 @@ def _copy_into(static: dict, fresh: dict) -> None:
             static[name].copy_(t)
 
 
+def _captured(step, static):
+    """A CUDA graph of one step call on the static inputs, captured after a call on a side stream has
+    compiled and loaded everything."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        call_step(step, static)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        call_step(step, static)
+    return graph
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("heads,kv_format,next_n", [(16, "fp8", 1), (128, "fp8", 2), (128, "bf16", 1)])
 def test_gpu_cuda_graph_replay_on_new_inputs_matches_eager(heads, kv_format, next_n):
     step = DecodeStep(batch=4, max_context=GPU_CONTEXT, heads=heads, kv_format=kv_format, next_n=next_n,
                       device="cuda")
     static = step_inputs(step, seed=21)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call_step(step, static)  # compile and load everything before capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call_step(step, static)
+    graph = _captured(step, static)
     for seed in (22, 23):
         # New q, new cache contents, new lengths and pages: the same tensors, new values.
         fresh = step_inputs(step, seed=seed, seq_lens=[GPU_CONTEXT, 3000 + seed, 64, 2048])
@@ -573,14 +580,7 @@ def test_gpu_a_corrupt_block_table_is_counted_across_graph_replays_without_a_syn
     step = DecodeStep(batch=4, max_context=GPU_CONTEXT, heads=16, kv_format="fp8", device="cuda")
     static = step_inputs(step, seed=51, seq_lens=[GPU_CONTEXT - 17, 1000, 2048, 2049])
     counters = dsactl.ops.bad_index_counters("cuda")
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        call_step(step, static)  # compile and load everything before capture
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        call_step(step, static)
+    graph = _captured(step, static)
     # Request 0 is scored (4079 keys for topk 2048): two of its pages leave the cache, and its 3951 other
     # keys outscore their -inf, so the indexer counts each page once a call and the top-k picks none.
     static["block_table"][0, 3] = static["kv_cache"].shape[0] + 9

@@ -18,6 +18,7 @@ from typing import Optional
 import torch
 
 from dsactl.kernels.errors import KernelInputError
+from dsactl.kernels.launch_math import cdiv
 from dsactl.kernels.indexer.mqa_logits import mqa_logits
 from dsactl.kernels.indexer.score import score
 
@@ -32,22 +33,24 @@ class CompatError(KernelInputError):
     """A DeepGEMM call dsactl does not serve (yet)."""
 
 
+def _device_sms() -> int:
+    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+
+
 def set_num_sms(num_sms: int) -> None:
     """The SM count get_num_sms reports (DeepGEMM's knob for leaving SMs to other work)."""
     global _num_sms
-    if not 0 < num_sms <= torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count:
+    if not 0 < num_sms <= _device_sms():
         raise CompatError(f"set_num_sms: {num_sms} is not between 1 and this GPU's SM count")
     _num_sms = num_sms
 
 
 def get_num_sms() -> int:
-    if _num_sms is not None:
-        return _num_sms
-    return torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    return _num_sms if _num_sms is not None else _device_sms()
 
 
 def _padded(rows: int, width: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    stride = -(-max(width, 1) // ROW_ALIGN) * ROW_ALIGN
+    stride = cdiv(max(width, 1), ROW_ALIGN) * ROW_ALIGN
     return torch.empty(rows, stride, dtype=dtype, device=device)[:, :width]
 
 

@@ -28,6 +28,7 @@ import triton.language as tl
 from ..errors import KernelInputError
 from ..launch_math import cdiv
 from ..triton_options import FP_FUSION
+from .score import _num_sms
 
 HEADS = (32, 64)  # sm_90's index head counts (DeepGEMM's too)
 DIMS = (32, 64, 128)  # fp8 tl.dot needs K >= 32
@@ -39,7 +40,6 @@ BLOCK_KEYS = 128  # keys per step: the M side of the dot
 NUM_WARPS = 8  # a 128 x 128 fp32 accumulator is 64 values a thread at 8 warps
 NUM_STAGES = 3
 PROGRAMS_PER_SM = 4  # the key range is split until the grid covers the SMs this many times
-FALLBACK_SMS = 132  # the split's SM count off a GPU (interpreter)
 
 
 @triton.jit
@@ -118,12 +118,6 @@ def mqa_logits_kernel(
             _store_inf(logits_ptr, logits_stride, rows, real_row, t * BLOCK_KEYS, num_keys, BLOCK_KEYS, BLOCK_M)
         for t in range(t_hi, last):
             _store_inf(logits_ptr, logits_stride, rows, real_row, t * BLOCK_KEYS, num_keys, BLOCK_KEYS, BLOCK_M)
-
-
-def _num_sms(device: torch.device) -> int:
-    if device.type == "cuda":
-        return torch.cuda.get_device_properties(device).multi_processor_count
-    return FALLBACK_SMS
 
 
 def check_inputs(q, k, k_scale, weights, ks, ke, logits) -> tuple[int, int, int, int]:
