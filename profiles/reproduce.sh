@@ -17,6 +17,9 @@
 #   dispatch   dispatch.csv/.json: attention at 16-128 heads x 1-128 tokens, bf16 and FP8 KV, the dispatch's choice
 #              beside each kernel forced (-b dsactl-hopper, dsactl-mma, dsactl-triton): where the dispatch's token
 #              thresholds (kernels/attention/dispatch.py) come from, and what tests/test_dispatch.py holds them to
+#   conformance conformance.json: FlashMLA's and DeepGEMM's own tests against dsactl.compat.flash_mla and
+#              dsactl.compat.deep_gemm (python -m dsactl.conformance), from checkouts in .baselines/FlashMLA and
+#              .baselines/DeepGEMM (a checkout that is not there is skipped, saying so)
 #   indexer    indexer.csv/.json + PNGs: the indexer at batch 1-128 x context 4K-128K
 #   topk       topk.csv/.json + PNGs: top-k with page translation, rows 1-128 x lengths 2K-128K
 #   pipeline   pipeline.csv/.json + pipeline/stages.png: the whole decode step (DecodeStep), batch 1-128 x
@@ -50,7 +53,7 @@ GPU=${GPU:-$(python3 -c "import torch; from dsactl.device import gpu_slug; print
 DIR=profiles/$GPU
 mkdir -p "$DIR"
 AREAS=("$@")
-[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify contest attention prefill dispatch indexer topk pipeline executor tune ncu ncu-flashmla readme)
+[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify conformance contest attention prefill dispatch indexer topk pipeline executor tune ncu ncu-flashmla readme)
 
 # cupti-python times kernels by CUPTI; its wheel and pyelftools' (which it imports), carried in .carry/,
 # install where pip has no network.
@@ -100,6 +103,15 @@ for area in "${AREAS[@]}"; do
     dispatch) "${DSACTL[@]}" bench --suite dispatch -d 'dsa_sparse_attention_*' -s dsactl-attention \
         -s dsactl-attention-fp8kv --no-reference --iters 20 --trials 2 -b dsactl-hopper -b dsactl-mma -b dsactl-triton \
         --csv "$DIR/dispatch.csv" --json "$DIR/dispatch.json" ;;
+    conformance)
+      for peer in FlashMLA:flash_mla DeepGEMM:deep_gemm; do
+        IFS=: read -r checkout runner <<<"$peer"
+        if [ -d ".baselines/$checkout/tests" ]; then
+          python3 -m dsactl.conformance $runner --checkout ".baselines/$checkout" --json "$DIR/conformance.json"
+        else
+          echo "reproduce.sh: .baselines/$checkout is not here: its conformance run is skipped" >&2
+        fi
+      done ;;
     indexer) bench indexer --suite scale -d 'dsa_topk_indexer_*' --no-reference --iters 20 --trials 2 ;;
     topk) bench topk --suite scale -d 'dsa_topk_page_transform_*' --no-reference --iters 20 --trials 2 ;;
     pipeline) "${DSACTL[@]}" bench --pipeline --iters 20 --warmup 5 --csv "$DIR/pipeline.csv" --json "$DIR/pipeline.json" --plot "$DIR/pipeline" ;;

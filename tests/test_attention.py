@@ -10,6 +10,7 @@ TRITON_INTERPRET=1.
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import subprocess
 import sys
@@ -21,6 +22,8 @@ from attention_cases import (assert_matches_reference, assert_repeatable, case_i
 
 from dsactl import solutions
 from dsactl.definitions import get
+from dsactl.definitions.attention import reference as attention_reference
+from dsactl.fp8 import dequantize_mla_kv
 from dsactl.kernels.errors import KernelError, KernelInputError
 from dsactl.harness import poison
 from dsactl.kernels.attention import entries, hopper_mla, solution, torch_baseline, triton_entries
@@ -260,6 +263,59 @@ def test_interpreted_kernel_reads_strided_views():
     definition = definition_name(16, 128)
     outputs = _run(_launcher_kwargs(definition, 3), definition, inputs)
     assert_matches_reference(definition, inputs, outputs)
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
+@pytest.mark.parametrize("suffix, num_splits", [("_sink", 1), ("_fp8kv_lsee_sink", 2)])
+def test_interpreted_infinite_sinks_zero_or_keep_rows_and_empty_rows_stay_zero(suffix, num_splits):
+    """A sink of +inf zeroes its head's output, -inf leaves it as without a sink; a row with no valid id
+    stays 0 whatever its sinks (1 / (1 + exp(-inf - -inf)) would be NaN)."""
+    definition = definition_name(16, 128, suffix)
+    inputs = case_inputs(definition, 3, 4, "cpu", seed=11)
+    inputs["sparse_indices"][1] = -1
+    inputs["attn_sink"][:4], inputs["attn_sink"][4:8] = float("inf"), float("-inf")
+    outputs = _run(_launcher_kwargs(definition, num_splits), definition, inputs)
+    assert_matches_reference(definition, inputs, outputs)
+    assert bool((outputs["output"][1] == 0).all()) and bool((outputs["output"][:, :4] == 0).all())
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
+@pytest.mark.parametrize("fp8kv", [False, True])
+def test_interpreted_kernel_reads_padded_pages_and_requests_of_several_tokens(fp8kv):
+    """Pages of 5 tokens 6 rows apart (ids page * 5 + offset), q and ids as [requests, tokens, ...] views
+    that do not flatten, one topk_length a request, max_logits: as the reference reads the same tokens."""
+    g = torch.Generator().manual_seed(13)
+    pages, page_tokens, requests, s_q, heads, topk = 6, 5, 2, 3, 16, 64
+    if fp8kv:
+        rows = case_inputs(definition_name(16, 64, "_fp8kv"), 1, 1, "cpu", seed=13)["kv_cache"].reshape(-1, 656)
+        padded = rows[:pages * (page_tokens + 1)].reshape(pages, page_tokens + 1, 656)
+        caches = {"kv_cache": padded[:, :page_tokens]}
+    else:
+        padded = torch.randn(pages, page_tokens + 1, 576, generator=g).bfloat16()
+        caches = {"ckv_cache": padded[:, :page_tokens, :512], "kpe_cache": padded[:, :page_tokens, 512:]}
+    q = torch.randn(requests, s_q + 1, heads, 576, generator=g).bfloat16()[:, :s_q]
+    ids = torch.randint(-1, pages * page_tokens, (requests, s_q + 2, topk), generator=g, dtype=torch.int32)[:, :s_q]
+    lengths = torch.tensor([topk, 17], dtype=torch.int32)
+    output = torch.full((requests * s_q, heads, 512), float("nan"), dtype=torch.bfloat16)
+    lse, max_logits = torch.full((requests * s_q, heads), float("nan")), torch.full((requests * s_q, heads), 7.0)
+    tsm.sparse_mla_attention(q[..., :512], q[..., 512:], ids, 0.1, output, lse, **caches, topk_length=lengths,
+                             max_logits=max_logits, lse_base_e=True, num_splits=2)
+    flat = {name: c.reshape(-1, c.shape[-1]).unsqueeze(1) for name, c in caches.items()}  # the tokens in id order
+    want_out, want_lse = attention_reference(q[..., :512].reshape(-1, heads, 512), q[..., 512:].reshape(-1, heads, 64),
+                                             ids.reshape(-1, topk), 0.1, **flat,
+                                             topk_length=lengths.repeat_interleave(s_q), lse_base=math.e)
+    assert torch.allclose(output.float(), want_out.float(), atol=2e-2, rtol=2e-2)
+    assert torch.allclose(lse, want_lse, atol=1e-4, rtol=1e-4)
+    if fp8kv:
+        ckv, kpe = dequantize_mla_kv(flat["kv_cache"].reshape(-1, 656))
+    else:
+        ckv, kpe = flat["ckv_cache"].reshape(-1, 512).float(), flat["kpe_cache"].reshape(-1, 64).float()
+    read = ids.reshape(-1, topk).long()
+    valid = (read >= 0) & (torch.arange(topk)[None, :] < lengths.repeat_interleave(s_q)[:, None])
+    logits = 0.1 * (torch.einsum("thd,tkd->thk", q[..., :512].reshape(-1, heads, 512).float(), ckv[read.clamp(0)])
+                    + torch.einsum("thd,tkd->thk", q[..., 512:].reshape(-1, heads, 64).float(), kpe[read.clamp(0)]))
+    want_max = logits.masked_fill(~valid[:, None, :], float("-inf")).amax(-1)
+    assert torch.allclose(max_logits, want_max, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.skipif(INTERPRETING, reason="the interpreter cases run in this process")

@@ -199,7 +199,7 @@ def test_launcher_rejects_malformed_inputs_with_clear_messages():
     with pytest.raises(KernelError, match="attn_sink .* use the Triton kernel"):
         _cpu_call(definition, {}, attn_sink=torch.zeros(64))
     fp8 = definition_name(128, 64, "_fp8kv")
-    with pytest.raises(KernelError, match="kv_cache must be contiguous"):
+    with pytest.raises(KernelError, match="kv_cache tokens must be 656 contiguous bytes"):
         _cpu_call(fp8, {"kv_cache": case_inputs(fp8, 2, 40, "cpu")["kv_cache"].transpose(0, 1)})
 
 

@@ -180,7 +180,7 @@ def test_launcher_rejects_malformed_inputs_with_one_line_messages():
         "q_nope row strides must be multiples of 8": {"q_nope": torch.zeros(2, 16, 516).bfloat16()[..., :512]},
         "q_pe row strides must be multiples of 8": {"q_pe": torch.zeros(2, 16, 68).bfloat16()[..., :64]},
         "output must start 16-byte aligned": {"output": q[..., 1:513]},
-        "kv_cache must start 16-byte aligned": {"kv_cache": odd},
+        "kv_cache pages must start 16-byte aligned": {"kv_cache": odd},
         "sparse_indices must be torch.int32": {"sparse_indices": inputs["sparse_indices"].long()},
         "lse has shape": {"lse": outputs["lse"][:1]},
     }

@@ -25,7 +25,7 @@ from ..errors import KernelInputError
 from ..fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_SCALE_GROUP, MLA_TOKEN_BYTES
 from ..launch_math import cdiv
 from ..triton_options import FP_FUSION
-from .triton_sparse_mla import _fp8_scales_rope, _fp8_tokens, _token_shift
+from .triton_sparse_mla import _TOKEN_UNITS, _fp8_scales_rope, _fp8_tokens, _token_shift
 
 ROW_DIM = MLA_CKV_DIM + MLA_KPE_DIM  # 576: a staged row, ckv then rope
 # Tokens per program: 16 x 656 bytes in, 16 x 1156 out, enough bytes in flight per SM at 4 warps (the pass's
@@ -46,8 +46,10 @@ def fp8_stage_kernel(kv_ptr, rows_ptr, factors_ptr, num_tokens, BLOCK_T: tl.cons
     c = tl.arange(0, _GROUP)
     r = tl.arange(0, _KPE)
     # The token loads and the per-token shift of the Triton kernel's FP8 path, which are hopper_mla.cu's.
-    valid, tok, e_ptr = _fp8_tokens(kv_ptr, tl.where(tok < num_tokens, tok, -1), c)
-    sc0, sc1, sc2, sc3, kpe = _fp8_scales_rope(kv_ptr, tok, valid, r)
+    # A contiguous cache: pages of one token, a token's 656 bytes apart.
+    valid, unit, e_ptr = _fp8_tokens(kv_ptr, tl.where(tok < num_tokens, tok, -1), c, 1, _TOKEN_UNITS)
+    tok = tok.to(tl.int64)
+    sc0, sc1, sc2, sc3, kpe = _fp8_scales_rope(kv_ptr, unit, valid, r)
     kpe = kpe.to(tl.float32)
     shift = _token_shift(sc0, sc1, sc2, sc3, kpe)
     down = ((127 - shift) << 23).to(tl.float32, bitcast=True)  # 2^-shift and 2^shift, exact

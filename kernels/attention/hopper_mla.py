@@ -202,6 +202,10 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
 def _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache) -> None:
     """What this kernel needs beyond the operator's contract (tsm.check_inputs): its token and topk
     limits and 16-byte alignment. Reads only the leading dims, so it may run before the contract."""
+    _check(q_nope.dim() == 3 and sparse_indices.dim() == 2, "takes [T, H, 512] q and [T, topk] ids (one token "
+                                                             "a request): use the Triton kernel")
+    _check(tsm.ids_are_rows(ckv_cache, kpe_cache, kv_cache), "reads caches whose token ids are rows (evenly "
+                                                            "strided pages, contiguous FP8 tokens): use the Triton kernel")
     num_tokens, topk = sparse_indices.shape[0], sparse_indices.shape[-1]
     _check(num_tokens <= MAX_TOKENS, f"at most {MAX_TOKENS} query tokens per call, got {num_tokens}")
     _check(topk % BLOCK_TOKENS == 0 and topk <= MAX_TOPK,
@@ -230,8 +234,9 @@ def sparse_mla_attention(
     output: torch.Tensor, lse: torch.Tensor, *, ckv_cache: torch.Tensor | None = None,
     kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
-    lse_base_e: bool = False, num_splits: int | None = None, reduce_in_cluster: bool | None = None,
-    staged: bool | None = None, check: bool | None = None,
+    lse_base_e: bool = False, max_logits: torch.Tensor | None = None, empty_lse: float = float("-inf"),
+    num_splits: int | None = None, reduce_in_cluster: bool | None = None,
+    staged: bool | None = None, check: bool | None = None, count_bad_ids: bool = True,
 ) -> None:
     """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention;
     topk_length and attn_sink must be None). num_splits overrides the split formula, reduce_in_cluster
@@ -239,6 +244,8 @@ def sparse_mla_attention(
     staging an FP8 cache as fp16 rows first (stages_cache). Ids outside the cache are masked and counted in
     the Triton launcher's counter (bad_index_count); check (default: DSACTL_CHECK=1) refuses them on the
     host first."""
+    _check(max_logits is None and empty_lse == float("-inf"),
+           "max_logits and an empty row's lse other than -inf are not served here: use the Triton kernel")
     num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache,
                                                   kpe_cache, kv_cache, topk_length, attn_sink)
     device = q_nope.device
@@ -268,8 +275,8 @@ def sparse_mla_attention(
     elif fp8kv:
         kv_format, kv_a, stride_a, kv_b, stride_b = KV_FP8, kv_cache, MLA_TOKEN_BYTES, None, 0
     else:
-        kv_format, kv_a, stride_a = KV_BF16, ckv_cache, ckv_cache.stride(1)
-        kv_b, stride_b = kpe_cache, kpe_cache.stride(1)
+        kv_format, kv_a, stride_a = KV_BF16, ckv_cache, tsm.page_geometry(ckv_cache)[2]
+        kv_b, stride_b = kpe_cache, tsm.page_geometry(kpe_cache)[2]
 
     # The kernel applies a positive logit scale to each block's raw maximum (one multiply a row, not one
     # a logit): a negative sm_scale flips q's sign instead (exact; a copy, off the served path), and 0
@@ -290,7 +297,7 @@ def sparse_mla_attention(
             output.data_ptr(), output.stride(0), output.stride(1),
             lse.data_ptr(), lse.stride(0), lse.stride(1),
             *(None if t is None else t.data_ptr() for t in partials),
-            tokens_in_cache, tsm.BAD_INDICES.tensor(device).data_ptr(),
+            tokens_in_cache, tsm.bad_index_tensor(device, count_bad_ids).data_ptr(),
             torch.cuda.current_stream(device).cuda_stream,
         )
     if code != 0:

@@ -117,6 +117,10 @@ def _check_limits(q_nope, q_pe, sparse_indices, output, kv_cache) -> None:
     """What this kernel needs beyond the operator's contract: FP8 KV, its token and topk limits, 16-byte
     alignment. Reads only the leading dims, so it may run before the contract check."""
     _check(kv_cache is not None, "serves FP8 KV (kv_cache) only: use the Triton kernel for bf16 KV")
+    _check(q_nope.dim() == 3 and sparse_indices.dim() == 2, "takes [T, H, 512] q and [T, topk] ids (one token "
+                                                             "a request): use the Triton kernel")
+    _check(tsm.ids_are_rows(None, None, kv_cache), "reads FP8 caches whose token ids are rows (evenly strided "
+                                                   "pages of contiguous tokens): use the Triton kernel")
     num_tokens, topk = sparse_indices.shape[0], sparse_indices.shape[-1]
     _check(num_tokens <= MAX_TOKENS, f"at most {MAX_TOKENS} query tokens per call, got {num_tokens}")
     _check(topk <= MAX_TOPK, f"topk must be at most {MAX_TOPK}, got {topk}")
@@ -146,14 +150,17 @@ def sparse_mla_attention(
     output: torch.Tensor, lse: torch.Tensor, *, ckv_cache: torch.Tensor | None = None,
     kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
-    lse_base_e: bool = False, num_splits: int | None = None, reduce_in_cluster: bool | None = None,
-    check: bool | None = None,
+    lse_base_e: bool = False, max_logits: torch.Tensor | None = None, empty_lse: float = float("-inf"),
+    num_splits: int | None = None, reduce_in_cluster: bool | None = None,
+    check: bool | None = None, count_bad_ids: bool = True,
 ) -> None:
     """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention; FP8 KV
     only). num_splits overrides the split formula, reduce_in_cluster the choice of merging the splits in
     a cluster (2 to MAX_CLUSTER_SPLITS of them; by default CLUSTER_DEFAULT_SPLITS) rather than by the
     combine kernel. Ids outside the cache are masked and counted (bad_index_count); check (default:
     DSACTL_CHECK=1) refuses them on the host first."""
+    _check(max_logits is None and empty_lse == float("-inf"),
+           "max_logits and an empty row's lse other than -inf are not served here: use the Triton kernel")
     num_tokens, heads, topk, _ = tsm.check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache,
                                                   kv_cache, topk_length, attn_sink, HEADS, WHO)
     _check_limits(q_nope, q_pe, sparse_indices, output, kv_cache)
@@ -186,7 +193,7 @@ def sparse_mla_attention(
             output.data_ptr(), output.stride(0), output.stride(1),
             lse.data_ptr(), lse.stride(0), lse.stride(1),
             *(None if t is None else t.data_ptr() for t in partials),
-            tokens_in_cache, tsm.BAD_INDICES.tensor(device).data_ptr(),
+            tokens_in_cache, tsm.bad_index_tensor(device, count_bad_ids).data_ptr(),
             torch.cuda.current_stream(device).cuda_stream,
         )
     if code != 0:

@@ -30,9 +30,11 @@ CUDA_LAUNCHERS = {dispatch.HOPPER: hopper_mla, dispatch.MMA: mma_mla}
 
 
 def implementation_for(q_nope, q_pe, sparse_indices, output, lse, *, ckv_cache=None, kpe_cache=None, kv_cache=None,
-                       topk_length=None, attn_sink=None, implementation: str | None = None, **_) -> str:
+                       topk_length=None, attn_sink=None, max_logits=None, empty_lse=float("-inf"),
+                       implementation: str | None = None, **_) -> str:
     """One of dispatch.IMPLEMENTATIONS for one call, from its tensors' shapes, layout and device;
-    implementation (else $DSA_ATTENTION_KERNEL) asks for one. Loads nothing."""
+    implementation (else $DSA_ATTENTION_KERNEL) asks for one. Loads nothing. Only the Triton kernel writes
+    max_logits and another lse for rows with no valid id (FlashMLA's conventions)."""
     device = q_nope.device
     on_gpu = device.type == "cuda"
     capability = tuple(torch.cuda.get_device_capability(device)) if on_gpu else None
@@ -41,10 +43,11 @@ def implementation_for(q_nope, q_pe, sparse_indices, output, lse, *, ckv_cache=N
     has_kv = kv_cache is not None or (ckv_cache is not None and kpe_cache is not None)
     # The limits are read only where they can matter; a call without its KV is the contract check's to refuse.
     fits = set()
-    if on_gpu and has_kv and heads in dispatch.HOPPER_HEADS and hopper_mla.fits(
+    cuda_outputs = max_logits is None and empty_lse == float("-inf")
+    if on_gpu and cuda_outputs and has_kv and heads in dispatch.HOPPER_HEADS and hopper_mla.fits(
             q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache):
         fits.add(dispatch.HOPPER)
-    if on_gpu and heads in dispatch.MMA_HEADS and mma_mla.fits(q_nope, q_pe, sparse_indices, output, kv_cache):
+    if on_gpu and cuda_outputs and heads in dispatch.MMA_HEADS and mma_mla.fits(q_nope, q_pe, sparse_indices, output, kv_cache):
         fits.add(dispatch.MMA)
     return dispatch.implementation_for(
         heads, capability, fp8kv=kv_cache is not None, num_tokens=num_tokens, topk_length=topk_length is not None,

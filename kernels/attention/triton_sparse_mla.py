@@ -2,15 +2,19 @@
 
 Contract (docs/design.md, Contracts), per query token t:
 - q_nope [T, H, 512] bf16, q_pe [T, H, 64] bf16 (last dim contiguous; token/head strides free,
-  so q may be a view of one [T, H, 576] tensor); H in {16, 32, 64, 128}.
-- KV, one latent head shared by all query heads, either bf16 ckv [*, 512] and kpe [*, 64]
-  (one row per token id, token stride free, last dim contiguous) or the FP8 cache: 656
-  contiguous bytes per token (512 e4m3, 4 fp32 scales one per 128 values, 64 bf16 rope).
-- sparse_indices [T, topk] int32: physical token ids, -1 = padding anywhere; duplicates count
-  twice (as in the reference); topk_length[t] (optional) keeps only the first entries.
+  so q may be a view of one [T, H, 576] tensor); H in {16, 32, 64, 128}. Or requests of S tokens:
+  [B, S, H, ...] views that need not flatten (FlashMLA's decode layout), T = B * S.
+- KV, one latent head shared by all query heads, in pages [pages, page_tokens, ...] (page and token
+  strides free, last dim contiguous; token id = page * page_tokens + offset): either bf16 ckv [.., 512]
+  and kpe [.., 64], or the FP8 cache: 656 contiguous bytes per token (512 e4m3, 4 fp32 scales one per
+  128 values, 64 bf16 rope), pages 16-byte aligned.
+- sparse_indices [T, topk] (or [B, S, topk]) int32: token ids, -1 = padding anywhere; duplicates count
+  twice (as in the reference); topk_length (optional, one per row of the leading dim: [T], or [B])
+  keeps only the first entries.
 - output [T, H, 512] bf16 = softmax(sm_scale * (q_nope.ckv + q_pe.kpe)) . ckv over the valid
-  ids; lse [T, H] fp32 in base 2 or e; an empty row gives output 0 and lse -inf; the optional
-  sink scales the output by 1 / (1 + exp(sink[h] - lse_e)) and leaves lse untouched.
+  ids; lse [T, H] fp32 in base 2 or e; an empty row gives output 0 and lse -inf (or empty_lse); the
+  optional sink scales the output by 1 / (1 + exp(sink[h] - lse_e)) and leaves lse untouched; the
+  optional max_logits [T, H] gets the largest scaled logit (-inf for an empty row).
 
 Work split: a program owns BLOCK_H heads of one token and one split of its index row.
 Split s of S takes the row positions s, s + S, s + 2S, ... (strided, so a row whose valid
@@ -98,11 +102,16 @@ _D_KPE = tl.constexpr(MLA_KPE_DIM)
 _TOKEN_BYTES = tl.constexpr(MLA_TOKEN_BYTES)
 _NUM_SCALES = tl.constexpr(MLA_NUM_SCALES)
 _SCALE_GROUP = tl.constexpr(MLA_SCALE_GROUP)
-# The FP8 token viewed as 4-byte words (its scales) and 2-byte words (its rope values).
-_TOKEN_WORDS32 = tl.constexpr(MLA_TOKEN_BYTES // 4)
+# FP8 tokens are addressed in 16-byte units (their alignment, which the vector loads keep knowing through the
+# page arithmetic); within a token, its scales as 4-byte words and its rope values as 2-byte words.
+UNIT_BYTES = 16
+_UNIT_BYTES = tl.constexpr(UNIT_BYTES)
+_TOKEN_UNITS = tl.constexpr(MLA_TOKEN_BYTES // UNIT_BYTES)
 _SCALE_WORD32 = tl.constexpr(MLA_SCALE_OFFSET // 4)
-_TOKEN_WORDS16 = tl.constexpr(MLA_TOKEN_BYTES // 2)
 _KPE_WORD16 = tl.constexpr(MLA_KPE_OFFSET // 2)
+# The split kernels' runtime values that the JIT must not specialize on (a new build per value or per
+# value's divisibility would buy nothing): the row's length and split count, the flags, the cache's size.
+NOT_SPECIALIZED = ["topk", "num_splits", "has_topk_length", "has_sink", "has_max", "cache_tokens"]
 # fp16's range on the fp16-tile FP8 path: fp16 ends at 65504, bf16 q and the fp32 scales do not.
 _FP16_MAX = tl.constexpr(65504.0)
 _BF16_PAST_FP16 = tl.constexpr(65536.0)  # a bf16 value rounds to fp16 inf from here (below: at most 65280)
@@ -111,25 +120,28 @@ _MAX_TOKEN_SHIFT = tl.constexpr(15)  # P (<= 1) times 2^15 stays inside fp16
 
 
 @triton.jit
-def _finalize(acc, m, l, sink_ptr, heads, has_sink, lse_scale):
-    """(unnormalized output [R, C], max [R], sum [R]) of R rows -> (output, lse)."""
+def _finalize(acc, m, l, sink_ptr, heads, has_sink, lse_scale, empty_lse):
+    """(unnormalized output [R, C], max [R], sum [R]) of R rows -> (output, lse); a row with no valid id
+    gets output 0 and lse empty_lse."""
     empty = l == 0.0
     l_safe = tl.where(empty, 1.0, l)
-    lse2 = tl.where(empty, float("-inf"), m + tl.log2(l_safe))
+    lse2 = m + tl.log2(l_safe)
     out = acc / l_safe[:, None]
     if has_sink:
-        # 1 / (1 + exp(sink - lse_e)) in base 2; an empty row gets 1 / (1 + inf) = 0 on an output of 0.
+        # 1 / (1 + exp(sink - lse_e)) in base 2. An empty row keeps its output of 0 unscaled: its lse is
+        # -inf, and a sink of -inf would make the factor NaN.
         sink = tl.load(sink_ptr + heads)
-        out = out / (1.0 + tl.exp2(sink * _LOG2E - lse2))[:, None]
-    return out, lse2 * lse_scale
+        out = out / tl.where(empty, 1.0, 1.0 + tl.exp2(sink * _LOG2E - tl.where(empty, 0.0, lse2)))[:, None]
+    return out, tl.where(empty, empty_lse, lse2 * lse_scale)
 
 
 @triton.jit
-def _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length):
-    """How many positions of row t split `split` owns: split, split + S, ... below the row's length."""
+def _row_share(topk_length_ptr, topk, req, split, num_splits, has_topk_length):
+    """How many positions of a row of request req split `split` owns: split, split + S, ... below the
+    request's length."""
     n_valid = topk
     if has_topk_length:
-        n_valid = tl.maximum(tl.minimum(tl.load(topk_length_ptr + t), topk), 0)
+        n_valid = tl.maximum(tl.minimum(tl.load(topk_length_ptr + req), topk), 0)
     return (n_valid - split + num_splits - 1) // num_splits  # >= 0 as split < num_splits
 
 
@@ -161,6 +173,23 @@ def _tile_ids(ids, start, offs_n, ROW_PAD: tl.constexpr):
 
 
 @triton.jit
+def _request(t, s_q):
+    """Query token t's (request, position in it), int64 (offsets from them overflow int32 past
+    2^31 / (128 x 576) tokens): s_q tokens a request (1: every token its own)."""
+    req = t // s_q
+    return req.to(tl.int64), (t - req * s_q).to(tl.int64)
+
+
+@triton.jit
+def _token_rows(idx, page_tokens, stride_page, stride_token):
+    """The offsets of tokens idx [N] in a cache of pages of page_tokens tokens, stride_page apart, their
+    tokens stride_token apart (int64: ids times a row overflow int32 on large caches). A cache whose pages
+    are evenly strided is passed as pages of one token, which the JIT folds to idx * stride_page."""
+    return ((idx // page_tokens).to(tl.int64) * stride_page
+            + (idx % page_tokens).to(tl.int64) * stride_token)
+
+
+@triton.jit
 def _softmax_step(m_i, l_i, s, valid, sm_scale_log2):
     """Online softmax over one tile of raw logits s [H, N]: (new max, rescale of the old sums, p, new sum)."""
     s = tl.where(valid[None, :], s * sm_scale_log2, float("-inf"))
@@ -172,16 +201,19 @@ def _softmax_step(m_i, l_i, s, valid, sm_scale_log2):
 
 
 @triton.jit
-def _write(acc, cols, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr, lse_ptr,
-           part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS: tl.constexpr, WITH_STATS: tl.constexpr):
+def _write(acc, cols, m, l, t, split, heads, num_splits, has_sink, has_max, lse_scale, empty_lse, sink_ptr,
+           out_ptr, lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h,
+           stride_lse_t, stride_lse_h, HEADS: tl.constexpr, WITH_STATS: tl.constexpr):
     """Columns `cols` of a program's rows: the final output with one split, else the fp32 partial;
-    WITH_STATS also writes lse (or the partial max and sum)."""
+    WITH_STATS also writes lse and, where has_max, the largest scaled logit (or the partial max and sum)."""
     if num_splits == 1:
-        out, lse = _finalize(acc, m, l, sink_ptr, heads, has_sink, lse_scale)
-        tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + cols[None, :], out.to(tl.bfloat16))
+        out, lse = _finalize(acc, m, l, sink_ptr, heads, has_sink, lse_scale, empty_lse)
+        t64 = t.to(tl.int64)  # t x the row stride overflows int32 past 2^31 / (128 x 512) tokens
+        tl.store(out_ptr + t64 * stride_out_t + heads[:, None] * stride_out_h + cols[None, :], out.to(tl.bfloat16))
         if WITH_STATS:
-            tl.store(lse_ptr + t * stride_lse_t + heads * stride_lse_h, lse)
+            tl.store(lse_ptr + t64 * stride_lse_t + heads * stride_lse_h, lse)
+            if has_max:
+                tl.store(max_ptr + t64 * stride_lse_t + heads * stride_lse_h, m / _LOG2E)
     else:
         part = (t * num_splits + split) * HEADS + heads
         tl.store(part_acc_ptr + part[:, None].to(tl.int64) * _D_CKV + cols[None, :], acc)
@@ -191,53 +223,58 @@ def _write(acc, cols, m, l, t, split, heads, num_splits, has_sink, lse_scale, si
 
 
 @triton.jit
-def _write_groups(acc0, acc1, acc2, acc3, c, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr,
-                  out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t,
-                  stride_lse_h, HEADS: tl.constexpr):
+def _write_groups(acc0, acc1, acc2, acc3, c, m, l, t, split, heads, num_splits, has_sink, has_max, lse_scale,
+                  empty_lse, sink_ptr, out_ptr, lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t,
+                  stride_out_h, stride_lse_t, stride_lse_h, HEADS: tl.constexpr):
     """_write of the FP8 kernels' four scale-group accumulators (columns c + g * 128), lse once."""
-    _write(acc0, c, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr, lse_ptr,
-           part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, True)
-    _write(acc1, c + _SCALE_GROUP, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
-           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, False)
-    _write(acc2, c + 2 * _SCALE_GROUP, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
-           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, False)
-    _write(acc3, c + 3 * _SCALE_GROUP, m, l, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr,
-           lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, False)
+    _write(acc0, c, m, l, t, split, heads, num_splits, has_sink, has_max, lse_scale, empty_lse, sink_ptr, out_ptr,
+           lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t,
+           stride_lse_h, HEADS, True)
+    _write(acc1, c + _SCALE_GROUP, m, l, t, split, heads, num_splits, has_sink, has_max, lse_scale, empty_lse,
+           sink_ptr, out_ptr, lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h,
+           stride_lse_t, stride_lse_h, HEADS, False)
+    _write(acc2, c + 2 * _SCALE_GROUP, m, l, t, split, heads, num_splits, has_sink, has_max, lse_scale, empty_lse,
+           sink_ptr, out_ptr, lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h,
+           stride_lse_t, stride_lse_h, HEADS, False)
+    _write(acc3, c + 3 * _SCALE_GROUP, m, l, t, split, heads, num_splits, has_sink, has_max, lse_scale, empty_lse,
+           sink_ptr, out_ptr, lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h,
+           stride_lse_t, stride_lse_h, HEADS, False)
 
 
-@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink", "cache_tokens"])
+@triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _sparse_mla_bf16_kernel(
     q_nope_ptr, q_pe_ptr, ckv_ptr, kpe_ptr, indices_ptr, topk_length_ptr, sink_ptr,
-    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, bad_count_ptr,
-    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink, cache_tokens,
-    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, stride_ckv, stride_kpe, stride_idx_t,
+    out_ptr, lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, bad_count_ptr,
+    sm_scale_log2, lse_scale, empty_lse, topk, num_splits, has_topk_length, has_sink, has_max, cache_tokens,
+    s_q, page_tokens, stride_qn_b, stride_qn_s, stride_qn_h, stride_qp_b, stride_qp_s, stride_qp_h,
+    stride_ckv_page, stride_ckv, stride_kpe_page, stride_kpe, stride_idx_b, stride_idx_s,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
     HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
     ROW_PAD: tl.constexpr,
 ):
-    """bf16 KV: ckv rows of 512 and kpe rows of 64 values, `stride_*` elements apart. ROW_PAD: a power
-    of two, a multiple of BLOCK_N, at least the split's share of the row (_split_ids)."""
+    """bf16 KV: ckv rows of 512 and kpe rows of 64 values, in pages of page_tokens tokens (_token_rows).
+    q and the ids of query token t sit at (request, position) = _request(t, s_q). ROW_PAD: a power of two,
+    a multiple of BLOCK_N, at least the split's share of the row (_split_ids)."""
     tl.static_assert(HEADS % BLOCK_H == 0, "a head group must not run past the last head")
     tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
     tl.static_assert(ROW_PAD % BLOCK_N == 0, "a tile inside the loop must not run past the split's ids")
     group = tl.program_id(0)  # fastest: the head groups of one (token, split) share gathered rows in L2
     split = tl.program_id(1)
     t = tl.program_id(2)
+    req, pos = _request(t, s_q)
     # The interpreter also rounds fp32 -> bf16 toward zero, so its dot operands stay fp32 throughout.
     dot_dtype: tl.constexpr = tl.float32 if UPCAST_DOT else tl.bfloat16
 
     heads = group * BLOCK_H + tl.arange(0, BLOCK_H)
     d = tl.arange(0, _D_CKV)
     r = tl.arange(0, _D_KPE)
-    q_nope = tl.load(q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + d[None, :]).to(dot_dtype)
-    q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + r[None, :]).to(dot_dtype)
-    n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
-    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, cache_tokens, bad_count_ptr,
-                     ROW_PAD)
+    q_nope = tl.load(q_nope_ptr + req * stride_qn_b + pos * stride_qn_s + heads[:, None] * stride_qn_h
+                     + d[None, :]).to(dot_dtype)
+    q_pe = tl.load(q_pe_ptr + req * stride_qp_b + pos * stride_qp_s + heads[:, None] * stride_qp_h
+                   + r[None, :]).to(dot_dtype)
+    n_mine = _row_share(topk_length_ptr, topk, req, split, num_splits, has_topk_length)
+    ids = _split_ids(indices_ptr + req * stride_idx_b + pos * stride_idx_s + split, n_mine, num_splits,
+                     cache_tokens, bad_count_ptr, ROW_PAD)
 
     m_i = tl.full([BLOCK_H], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_H], tl.float32)
@@ -246,65 +283,71 @@ def _sparse_mla_bf16_kernel(
     for start in range(0, n_mine, BLOCK_N):
         idx = _tile_ids(ids, start, offs_n, ROW_PAD)
         valid = idx >= 0
-        tok = idx.to(tl.int64)  # token ids times a row size overflow int32 on large caches
-        kv = tl.load(ckv_ptr + tok[:, None] * stride_ckv + d[None, :], mask=valid[:, None], other=0.0).to(dot_dtype)
-        kpe = tl.load(kpe_ptr + tok[:, None] * stride_kpe + r[None, :], mask=valid[:, None], other=0.0).to(dot_dtype)
+        ckv_rows = _token_rows(idx, page_tokens, stride_ckv_page, stride_ckv)
+        kpe_rows = _token_rows(idx, page_tokens, stride_kpe_page, stride_kpe)
+        kv = tl.load(ckv_ptr + ckv_rows[:, None] + d[None, :], mask=valid[:, None], other=0.0).to(dot_dtype)
+        kpe = tl.load(kpe_ptr + kpe_rows[:, None] + r[None, :], mask=valid[:, None], other=0.0).to(dot_dtype)
         s = tl.dot(q_pe, tl.trans(kpe), tl.dot(q_nope, tl.trans(kv)))
         m_i, alpha, p, l_i = _softmax_step(m_i, l_i, s, valid, sm_scale_log2)
         acc = tl.dot(p.to(dot_dtype), kv, acc * alpha[:, None])
 
-    _write(acc, d, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr, out_ptr, lse_ptr,
-           part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
-           HEADS, True)
+    _write(acc, d, m_i, l_i, t, split, heads, num_splits, has_sink, has_max, lse_scale, empty_lse, sink_ptr,
+           out_ptr, lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h,
+           stride_lse_t, stride_lse_h, HEADS, True)
 
 
 @triton.jit
-def _fp8_tokens(kv_ptr, idx, c):
-    """One tile's FP8 tokens from their ids [N]: valid, the token ids (int64) and the pointers [N, 128]
-    to their first group of e4m3 values (group g at + g * 128)."""
+def _fp8_tokens(kv_ptr, idx, c, page_tokens, page_units):
+    """One tile's FP8 tokens from their ids [N]: valid, where each token starts (int64, in 16-byte units:
+    pages of page_tokens tokens, page_units apart; page_tokens 1: tokens 656 bytes apart) and the pointers
+    [N, 128] to their first group of e4m3 values (group g at + g * 128)."""
     valid = idx >= 0
-    tok = idx.to(tl.int64)  # token ids times 656 bytes overflow int32 on large caches
-    e_ptr = kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + tok[:, None] * _TOKEN_BYTES + c[None, :]
-    return valid, tok, e_ptr
+    if page_tokens == 1:  # one run of tokens (the JIT's constant): a constant stride, which keeps the 32-head
+        unit = idx.to(tl.int64) * _TOKEN_UNITS  # tile in registers where a runtime one spills
+    else:
+        unit = _token_rows(idx, page_tokens, page_units, _TOKEN_UNITS)
+    e_ptr = kv_ptr.to(tl.pointer_type(tl.float8e4nv)) + unit[:, None] * _UNIT_BYTES + c[None, :]
+    return valid, unit, e_ptr
 
 
 @triton.jit
-def _fp8_scales_rope(kv_ptr, tok, valid, r):
-    """The tokens' 4 fp32 scales [N] and rope values [N, 64] bf16."""
-    sc_ptr = kv_ptr.to(tl.pointer_type(tl.float32)) + tok * _TOKEN_WORDS32 + _SCALE_WORD32
+def _fp8_scales_rope(kv_ptr, unit, valid, r):
+    """The 4 fp32 scales [N] and rope values [N, 64] bf16 of the tokens that start at `unit`."""
+    sc_ptr = kv_ptr.to(tl.pointer_type(tl.float32)) + unit * (_UNIT_BYTES // 4) + _SCALE_WORD32
     sc0 = tl.load(sc_ptr, mask=valid, other=0.0)
     sc1 = tl.load(sc_ptr + 1, mask=valid, other=0.0)
     sc2 = tl.load(sc_ptr + 2, mask=valid, other=0.0)
     sc3 = tl.load(sc_ptr + 3, mask=valid, other=0.0)
-    kpe = tl.load(kv_ptr.to(tl.pointer_type(tl.bfloat16)) + tok[:, None] * _TOKEN_WORDS16 + _KPE_WORD16
+    kpe = tl.load(kv_ptr.to(tl.pointer_type(tl.bfloat16)) + unit[:, None] * (_UNIT_BYTES // 2) + _KPE_WORD16
                   + r[None, :], mask=valid[:, None], other=0.0)
     return sc0, sc1, sc2, sc3, kpe
 
 
 @triton.jit
-def _gather_fp8(kv_ptr, idx, c, r):
+def _gather_fp8(kv_ptr, idx, c, r, page_tokens, page_units):
     """One tile of FP8 tokens (ids idx [N]), raw: valid, the 4 groups of 128 e4m3 values [N, 128],
     their 4 fp32 scales [N], the rope values [N, 64] bf16."""
-    valid, tok, e_ptr = _fp8_tokens(kv_ptr, idx, c)
+    valid, unit, e_ptr = _fp8_tokens(kv_ptr, idx, c, page_tokens, page_units)
     e0 = tl.load(e_ptr, mask=valid[:, None], other=0.0)
     e1 = tl.load(e_ptr + _SCALE_GROUP, mask=valid[:, None], other=0.0)
     e2 = tl.load(e_ptr + 2 * _SCALE_GROUP, mask=valid[:, None], other=0.0)
     e3 = tl.load(e_ptr + 3 * _SCALE_GROUP, mask=valid[:, None], other=0.0)
-    sc0, sc1, sc2, sc3, kpe = _fp8_scales_rope(kv_ptr, tok, valid, r)
+    sc0, sc1, sc2, sc3, kpe = _fp8_scales_rope(kv_ptr, unit, valid, r)
     return valid, e0, e1, e2, e3, sc0, sc1, sc2, sc3, kpe
 
 
 @triton.jit
-def _load_q_groups(q_nope_ptr, q_pe_ptr, t, heads, c, r, stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h,
-                   dtype: tl.constexpr):
-    """Token t's q for the FP8 kernels, as dtype: the four 128-value ckv groups [heads, 128] and the rope
-    values [heads, 64] (c and r: the column ranges of each)."""
-    q_ptr = q_nope_ptr + t * stride_qn_t + heads[:, None] * stride_qn_h + c[None, :]
+def _load_q_groups(q_nope_ptr, q_pe_ptr, req, pos, heads, c, r, stride_qn_b, stride_qn_s, stride_qn_h,
+                   stride_qp_b, stride_qp_s, stride_qp_h, dtype: tl.constexpr):
+    """The q of a request's token for the FP8 kernels, as dtype: the four 128-value ckv groups [heads, 128]
+    and the rope values [heads, 64] (c and r: the column ranges of each)."""
+    q_ptr = q_nope_ptr + req * stride_qn_b + pos * stride_qn_s + heads[:, None] * stride_qn_h + c[None, :]
     q0 = tl.load(q_ptr).to(dtype)
     q1 = tl.load(q_ptr + _SCALE_GROUP).to(dtype)
     q2 = tl.load(q_ptr + 2 * _SCALE_GROUP).to(dtype)
     q3 = tl.load(q_ptr + 3 * _SCALE_GROUP).to(dtype)
-    q_pe = tl.load(q_pe_ptr + t * stride_qp_t + heads[:, None] * stride_qp_h + r[None, :]).to(dtype)
+    q_pe = tl.load(q_pe_ptr + req * stride_qp_b + pos * stride_qp_s + heads[:, None] * stride_qp_h
+                   + r[None, :]).to(dtype)
     return q0, q1, q2, q3, q_pe
 
 
@@ -316,7 +359,7 @@ def _fp8_program(HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constex
     tl.static_assert(BLOCK_H >= 16 and BLOCK_N >= 16, "tl.dot needs tiles of at least 16")
     tl.static_assert(_NUM_SCALES == 4 and _NUM_SCALES * _SCALE_GROUP == _D_CKV,
                      "the kernel spells out 4 scale groups that tile the 512 ckv values")
-    tl.static_assert(_TOKEN_BYTES % 16 == 0, "FP8 tokens start 16-byte aligned")
+    tl.static_assert(_TOKEN_BYTES % _UNIT_BYTES == 0, "FP8 tokens are whole 16-byte units")
     tl.static_assert(ROW_PAD % BLOCK_N == 0, "a tile inside the loop must not run past the split's ids")
     heads = tl.program_id(0) * BLOCK_H + tl.arange(0, BLOCK_H)  # axis 0 fastest: head groups share rows in L2
     return tl.program_id(1), tl.program_id(2), heads, tl.arange(0, _SCALE_GROUP), tl.arange(0, _D_KPE)
@@ -330,39 +373,42 @@ def _fp8_state(BLOCK_H: tl.constexpr):
             tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32), tl.zeros([BLOCK_H, _SCALE_GROUP], tl.float32))
 
 
-@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink", "cache_tokens"])
+@triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _sparse_mla_fp8_kernel(
     q_nope_ptr, q_pe_ptr, kv_ptr, unused_ptr, indices_ptr, topk_length_ptr, sink_ptr,
-    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, bad_count_ptr,
-    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink, cache_tokens,
-    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, unused_stride_a, unused_stride_b, stride_idx_t,
+    out_ptr, lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, bad_count_ptr,
+    sm_scale_log2, lse_scale, empty_lse, topk, num_splits, has_topk_length, has_sink, has_max, cache_tokens,
+    s_q, page_tokens, stride_qn_b, stride_qn_s, stride_qn_h, stride_qp_b, stride_qp_s, stride_qp_h,
+    stride_kv_page16, unused_stride_a, unused_stride_b, unused_stride_c, stride_idx_b, stride_idx_s,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
     HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
     ROW_PAD: tl.constexpr,
 ):
-    """FP8 KV under 64 heads (656-byte tokens; same arguments as the bf16 kernel, the second cache
-    and its strides unused). The e4m3 values are exact in bf16, so the tiles feed tl.dot
+    """FP8 KV under 64 heads (656-byte tokens in pages stride_kv_page16 x 16 bytes apart; otherwise the
+    bf16 kernel's arguments, the second cache and its strides unused). The e4m3 values are exact in bf16, so the tiles feed tl.dot
     undequantized and each group's fp32 scale multiplies its part of the logits and of p instead:
     the result equals fp32 dequantization up to the rounding of p, as in the bf16 path (rounding
     dequantized values to bf16 instead fails the contest tolerance on peaked rows)."""
     split, t, heads, c, r = _fp8_program(HEADS, BLOCK_H, BLOCK_N, ROW_PAD)
     dot_dtype: tl.constexpr = tl.float32 if UPCAST_DOT else tl.bfloat16
 
-    q0, q1, q2, q3, q_pe = _load_q_groups(q_nope_ptr, q_pe_ptr, t, heads, c, r, stride_qn_t, stride_qn_h,
-                                          stride_qp_t, stride_qp_h, dot_dtype)
-    n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
-    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, cache_tokens, bad_count_ptr,
-                     ROW_PAD)
+    req, pos = _request(t, s_q)
+    q0, q1, q2, q3, q_pe = _load_q_groups(q_nope_ptr, q_pe_ptr, req, pos, heads, c, r, stride_qn_b, stride_qn_s,
+                                          stride_qn_h, stride_qp_b, stride_qp_s, stride_qp_h, dot_dtype)
+    n_mine = _row_share(topk_length_ptr, topk, req, split, num_splits, has_topk_length)
+    ids = _split_ids(indices_ptr + req * stride_idx_b + pos * stride_idx_s + split, n_mine, num_splits,
+                     cache_tokens, bad_count_ptr, ROW_PAD)
 
     m_i, l_i, acc0, acc1, acc2, acc3 = _fp8_state(BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
     # With mma.sync tiles Triton's pipeliner does not prefetch a load that reaches tl.dot through a
     # conversion, so the next tile's bytes are loaded into registers by hand while this one computes.
-    nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(kv_ptr, _tile_ids(ids, 0, offs_n, ROW_PAD), c, r)
+    nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(kv_ptr, _tile_ids(ids, 0, offs_n, ROW_PAD), c, r,
+                                                                   page_tokens, stride_kv_page16)
     for start in range(0, n_mine, BLOCK_N):
         valid, e0, e1, e2, e3, sc0, sc1, sc2, sc3, kpe = nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe
         nv, ne0, ne1, ne2, ne3, ns0, ns1, ns2, ns3, nkpe = _gather_fp8(
-            kv_ptr, _tile_ids(ids, start + BLOCK_N, offs_n, ROW_PAD), c, r)
+            kv_ptr, _tile_ids(ids, start + BLOCK_N, offs_n, ROW_PAD), c, r, page_tokens, stride_kv_page16)
         e0 = e0.to(dot_dtype)
         e1 = e1.to(dot_dtype)
         e2 = e2.to(dot_dtype)
@@ -378,9 +424,9 @@ def _sparse_mla_fp8_kernel(
         acc2 = tl.dot((p * sc2[None, :]).to(dot_dtype), e2, acc2 * alpha[:, None])
         acc3 = tl.dot((p * sc3[None, :]).to(dot_dtype), e3, acc3 * alpha[:, None])
 
-    _write_groups(acc0, acc1, acc2, acc3, c, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr,
-                  out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t,
-                  stride_lse_h, HEADS)
+    _write_groups(acc0, acc1, acc2, acc3, c, m_i, l_i, t, split, heads, num_splits, has_sink, has_max, lse_scale,
+                  empty_lse, sink_ptr, out_ptr, lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t,
+                  stride_out_h, stride_lse_t, stride_lse_h, HEADS)
 
 
 @triton.jit
@@ -411,12 +457,13 @@ def _to_f16(x, down, dot_dtype: tl.constexpr):
     return (x * down[:, None]).to(tl.float16).to(dot_dtype)
 
 
-@triton.jit(do_not_specialize=["topk", "num_splits", "has_topk_length", "has_sink", "cache_tokens"])
+@triton.jit(do_not_specialize=NOT_SPECIALIZED)
 def _sparse_mla_fp8_f16_kernel(
     q_nope_ptr, q_pe_ptr, kv_ptr, unused_ptr, indices_ptr, topk_length_ptr, sink_ptr,
-    out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, bad_count_ptr,
-    sm_scale_log2, lse_scale, topk, num_splits, has_topk_length, has_sink, cache_tokens,
-    stride_qn_t, stride_qn_h, stride_qp_t, stride_qp_h, unused_stride_a, unused_stride_b, stride_idx_t,
+    out_ptr, lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, bad_count_ptr,
+    sm_scale_log2, lse_scale, empty_lse, topk, num_splits, has_topk_length, has_sink, has_max, cache_tokens,
+    s_q, page_tokens, stride_qn_b, stride_qn_s, stride_qn_h, stride_qp_b, stride_qp_s, stride_qp_h,
+    stride_kv_page16, unused_stride_a, unused_stride_b, unused_stride_c, stride_idx_b, stride_idx_s,
     stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
     HEADS: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, UPCAST_DOT: tl.constexpr,
     ROW_PAD: tl.constexpr,
@@ -433,8 +480,9 @@ def _sparse_mla_fp8_f16_kernel(
     # Rounded to fp16 in any case (the interpreter, whose bf16 dot is wrong, then multiplies in fp32).
     dot_dtype: tl.constexpr = tl.float32 if UPCAST_DOT else tl.float16
 
-    q0, q1, q2, q3, q_pe = _load_q_groups(q_nope_ptr, q_pe_ptr, t, heads, c, r, stride_qn_t, stride_qn_h,
-                                          stride_qp_t, stride_qp_h, tl.float32)
+    req, pos = _request(t, s_q)
+    q0, q1, q2, q3, q_pe = _load_q_groups(q_nope_ptr, q_pe_ptr, req, pos, heads, c, r, stride_qn_b, stride_qn_s,
+                                          stride_qn_h, stride_qp_b, stride_qp_s, stride_qp_h, tl.float32)
     q_max = tl.maximum(tl.maximum(tl.max(tl.abs(q0), 1), tl.max(tl.abs(q1), 1)),
                        tl.maximum(tl.max(tl.abs(q2), 1), tl.max(tl.abs(q3), 1)))
     q_max = tl.maximum(q_max, tl.max(tl.abs(q_pe), 1))
@@ -446,15 +494,16 @@ def _sparse_mla_fp8_f16_kernel(
     q3 = _to_f16(q3, q_down, dot_dtype)
     q_pe = _to_f16(q_pe, q_down, dot_dtype)
     q_up = tl.exp2(q_shift)
-    n_mine = _row_share(topk_length_ptr, topk, t, split, num_splits, has_topk_length)
-    ids = _split_ids(indices_ptr + t * stride_idx_t + split, n_mine, num_splits, cache_tokens, bad_count_ptr,
-                     ROW_PAD)
+    n_mine = _row_share(topk_length_ptr, topk, req, split, num_splits, has_topk_length)
+    ids = _split_ids(indices_ptr + req * stride_idx_b + pos * stride_idx_s + split, n_mine, num_splits,
+                     cache_tokens, bad_count_ptr, ROW_PAD)
 
     m_i, l_i, acc0, acc1, acc2, acc3 = _fp8_state(BLOCK_H)
     offs_n = tl.arange(0, BLOCK_N)
     for start in range(0, n_mine, BLOCK_N):
-        valid, tok, e_ptr = _fp8_tokens(kv_ptr, _tile_ids(ids, start, offs_n, ROW_PAD), c)
-        sc0, sc1, sc2, sc3, kpe = _fp8_scales_rope(kv_ptr, tok, valid, r)
+        valid, unit, e_ptr = _fp8_tokens(kv_ptr, _tile_ids(ids, start, offs_n, ROW_PAD), c, page_tokens,
+                                         stride_kv_page16)
+        sc0, sc1, sc2, sc3, kpe = _fp8_scales_rope(kv_ptr, unit, valid, r)
         kpe = kpe.to(tl.float32)
         k_shift = _token_shift(sc0, sc1, sc2, sc3, kpe)
         k_down = tl.exp2(-k_shift.to(tl.float32))
@@ -477,15 +526,16 @@ def _sparse_mla_fp8_f16_kernel(
         acc2 = tl.dot(p, kv2, acc2 * alpha[:, None])
         acc3 = tl.dot(p, kv3, acc3 * alpha[:, None])
 
-    _write_groups(acc0, acc1, acc2, acc3, c, m_i, l_i, t, split, heads, num_splits, has_sink, lse_scale, sink_ptr,
-                  out_ptr, lse_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t, stride_out_h, stride_lse_t,
-                  stride_lse_h, HEADS)
+    _write_groups(acc0, acc1, acc2, acc3, c, m_i, l_i, t, split, heads, num_splits, has_sink, has_max, lse_scale,
+                  empty_lse, sink_ptr, out_ptr, lse_ptr, max_ptr, part_acc_ptr, part_m_ptr, part_l_ptr, stride_out_t,
+                  stride_out_h, stride_lse_t, stride_lse_h, HEADS)
 
 
-@triton.jit(do_not_specialize=["num_splits", "has_sink"])
+@triton.jit(do_not_specialize=["num_splits", "has_sink", "has_max"])
 def _sparse_mla_combine_kernel(
-    part_acc_ptr, part_m_ptr, part_l_ptr, part_scale_ptr, sink_ptr, out_ptr, lse_ptr,
-    lse_scale, num_heads, num_splits, has_sink, stride_out_t, stride_out_h, stride_lse_t, stride_lse_h,
+    part_acc_ptr, part_m_ptr, part_l_ptr, part_scale_ptr, sink_ptr, out_ptr, lse_ptr, max_ptr,
+    lse_scale, empty_lse, num_heads, num_splits, has_sink, has_max, stride_out_t, stride_out_h, stride_lse_t,
+    stride_lse_h,
     SPLITS_PAD: tl.constexpr, BLOCK_HC: tl.constexpr, BLOCK_D: tl.constexpr, SCALED: tl.constexpr,
 ):
     """Program (column block, head block, token): reduce the splits' partials exactly (SCALED: fp16
@@ -495,7 +545,7 @@ def _sparse_mla_combine_kernel(
     tl.static_assert(SPLITS_PAD * BLOCK_HC * BLOCK_D <= _COMBINE_TILE, "the partial tile fits in registers")
     chunk = tl.program_id(0)
     heads = tl.program_id(1) * BLOCK_HC + tl.arange(0, BLOCK_HC)
-    t = tl.program_id(2)
+    t = tl.program_id(2).to(tl.int64)
     d = chunk * BLOCK_D + tl.arange(0, BLOCK_D)
     if SCALED:  # split by split, unrolled: every split's loads issued before their sums
         half = chunk * BLOCK_D // _SCALE_COLUMNS
@@ -530,10 +580,12 @@ def _sparse_mla_combine_kernel(
         w = tl.exp2(m - tl.where(m_all == float("-inf"), 0.0, m_all)[:, None])  # empty splits weigh 0
         acc = tl.sum(w[:, :, None] * values, 1)
         l_all = tl.sum(w * l, 1)
-    out, lse = _finalize(acc, m_all, l_all, sink_ptr, heads, has_sink, lse_scale)
+    out, lse = _finalize(acc, m_all, l_all, sink_ptr, heads, has_sink, lse_scale, empty_lse)
     tl.store(out_ptr + t * stride_out_t + heads[:, None] * stride_out_h + d[None, :], out.to(tl.bfloat16))
     if chunk == 0:
         tl.store(lse_ptr + t * stride_lse_t + heads * stride_lse_h, lse)
+        if has_max:
+            tl.store(max_ptr + t * stride_lse_t + heads * stride_lse_h, m_all / _LOG2E)
 
 
 @dataclass(frozen=True)
@@ -805,16 +857,18 @@ def scaled_split_partials(device: torch.device, num_tokens: int, splits: int,
 
 
 def combine(partials: tuple[torch.Tensor, ...], attn_sink: torch.Tensor | None, output: torch.Tensor,
-            lse: torch.Tensor, lse_scale: float, heads: int, splits: int, num_tokens: int) -> None:
+            lse: torch.Tensor, lse_scale: float, heads: int, splits: int, num_tokens: int, *,
+            max_logits: torch.Tensor | None = None, empty_lse: float = float("-inf")) -> None:
     """Merge split_partials() or scaled_split_partials() into output and lse (exact fp32 log-sum-exp
-    merge, sink included)."""
+    merge, sink included) and, if given, max_logits (lse's layout)."""
     part_acc, part_m, part_l, *scale = partials
     if scale and splits > SCALED_MAX_SPLITS:  # formatted only on failure: this runs on every split call
         _fail(f"the combine merges scaled partials of at most {SCALED_MAX_SPLITS} splits, got {splits}")
     cfg = combine_config(splits, heads)
     _sparse_mla_combine_kernel[(MLA_CKV_DIM // cfg.block_d, heads // cfg.block_hc, num_tokens)](
         part_acc, part_m, part_l, scale[0] if scale else part_m, attn_sink if attn_sink is not None else lse,
-        output, lse, lse_scale, heads, splits, int(attn_sink is not None),
+        output, lse, max_logits if max_logits is not None else lse, lse_scale, empty_lse, heads, splits,
+        int(attn_sink is not None), int(max_logits is not None),
         output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
         SPLITS_PAD=cfg.splits_pad, BLOCK_HC=cfg.block_hc, BLOCK_D=cfg.block_d, SCALED=bool(scale),
         num_warps=cfg.num_warps, enable_fp_fusion=FP_FUSION,
@@ -850,19 +904,27 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
                  attn_sink, heads_served: tuple[int, ...] = HEADS, who: str = "sparse MLA attention"
                  ) -> tuple[int, int, int, bool]:
     """The operator's contract on the host, for every kernel that implements it:
-    (num_tokens, heads, topk, fp8kv), or a KernelInputError that starts with `who`."""
-    _check(isinstance(q_nope, torch.Tensor) and q_nope.dim() == 3, "q_nope must be a [T, H, 512] tensor", who)
+    (num_tokens, heads, topk, fp8kv), or a KernelInputError that starts with `who`. Query tokens come as
+    q_nope [T, H, 512], sparse_indices [T, topk] and topk_length [T], or in requests of S tokens as
+    q_nope [B, S, H, 512], sparse_indices [B, S, topk] and topk_length [B] (one length a request); output
+    [B * S, H, 512] and lse [B * S, H] either way. The caches hold pages of tokens [pages, page_tokens, ...],
+    token id = page * page_tokens + offset; a page's tokens are one stride apart, pages any stride apart
+    (FP8: whole 656-byte tokens, pages 16-byte aligned)."""
+    _check(isinstance(q_nope, torch.Tensor) and q_nope.dim() in (3, 4),
+           "q_nope must be a [T, H, 512] or [B, S, H, 512] tensor", who)
     device = q_nope.device
-    num_tokens, heads, _ = q_nope.shape
+    *lead, heads, _ = q_nope.shape
+    lead = tuple(lead)
+    num_tokens = math.prod(lead)
     if heads not in heads_served:
         _fail(f"heads must be one of {heads_served}, got {heads}", who)
-    _check_tensor("q_nope", q_nope, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device, who)
-    _check_tensor("q_pe", q_pe, torch.bfloat16, (num_tokens, heads, MLA_KPE_DIM), device, who)
-    _check(isinstance(sparse_indices, torch.Tensor) and sparse_indices.dim() == 2,
-           "sparse_indices must be a [T, topk] tensor", who)
-    topk = sparse_indices.shape[1]
+    _check_tensor("q_nope", q_nope, torch.bfloat16, (*lead, heads, MLA_CKV_DIM), device, who)
+    _check_tensor("q_pe", q_pe, torch.bfloat16, (*lead, heads, MLA_KPE_DIM), device, who)
+    _check(isinstance(sparse_indices, torch.Tensor) and sparse_indices.dim() == len(lead) + 1,
+           f"sparse_indices must be a [{'T' if len(lead) == 1 else 'B, S'}, topk] tensor, as q_nope", who)
+    topk = sparse_indices.shape[-1]
     _check(topk > 0, "topk must be positive", who)
-    _check_tensor("sparse_indices", sparse_indices, torch.int32, (num_tokens, topk), device, who)
+    _check_tensor("sparse_indices", sparse_indices, torch.int32, (*lead, topk), device, who)
     _check_tensor("output", output, torch.bfloat16, (num_tokens, heads, MLA_CKV_DIM), device, who)
     _check_tensor("lse", lse, torch.float32, (num_tokens, heads), device, who)
     fp8kv = kv_cache is not None
@@ -870,27 +932,55 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
            "pass either kv_cache (FP8) or ckv_cache and kpe_cache (bf16)", who)
     if fp8kv:
         _check_tensor("kv_cache", kv_cache, torch.int8, (None, None, MLA_TOKEN_BYTES), device, who)
-        _check(kv_cache.is_contiguous(), "kv_cache must be contiguous (656 bytes per token)", who)
+        page_tokens, page_stride, token_stride = page_geometry(kv_cache)
+        _check(token_stride == MLA_TOKEN_BYTES,
+               f"kv_cache tokens must be {MLA_TOKEN_BYTES} contiguous bytes (strides {kv_cache.stride()})", who)
+        _check(kv_cache.data_ptr() % UNIT_BYTES == 0 and page_stride % UNIT_BYTES == 0,
+               f"kv_cache pages must start {UNIT_BYTES}-byte aligned (strides {kv_cache.stride()})", who)
     else:
         _check(ckv_cache is not None and kpe_cache is not None, "the bf16 form needs both ckv_cache and kpe_cache",
                who)
         _check_tensor("ckv_cache", ckv_cache, torch.bfloat16, (None, None, MLA_CKV_DIM), device, who)
         _check_tensor("kpe_cache", kpe_cache, torch.bfloat16, (None, None, MLA_KPE_DIM), device, who)
-        for name, cache in (("ckv_cache", ckv_cache), ("kpe_cache", kpe_cache)):
-            if cache.stride(0) != cache.shape[1] * cache.stride(1):
-                _fail(f"{name} pages must be evenly strided so token id page*64+offset is one row", who)
         if kpe_cache.shape[:2] != ckv_cache.shape[:2]:
             _fail(f"kpe_cache has {list(kpe_cache.shape[:2])} pages x tokens, ckv_cache {list(ckv_cache.shape[:2])}: "
                   f"every token id must name a row of both", who)
     if topk_length is not None:
-        _check_tensor("topk_length", topk_length, torch.int32, (num_tokens,), device, who)
+        _check_tensor("topk_length", topk_length, torch.int32, (lead[0],), device, who)
     if attn_sink is not None:
         _check_tensor("attn_sink", attn_sink, torch.float32, (heads,), device, who)
     return num_tokens, heads, topk, fp8kv
 
 
+def page_geometry(cache: torch.Tensor) -> tuple[int, int, int]:
+    """(page_tokens, page stride, token stride) of a cache [pages, tokens, ...] as the kernels address it,
+    in its elements: a cache whose pages are evenly strided (each page right after the last) is one run of
+    tokens, passed as pages of one token, which the kernels address without a division."""
+    pages, tokens = cache.shape[:2]
+    if pages == 1 or tokens == 1 or cache.stride(0) == tokens * cache.stride(1):
+        token_stride = cache.stride(1) if tokens > 1 or pages == 1 else cache.stride(0)
+        return 1, token_stride, token_stride
+    return tokens, cache.stride(0), cache.stride(1)
+
+
+def ids_are_rows(ckv_cache: torch.Tensor | None, kpe_cache: torch.Tensor | None,
+                 kv_cache: torch.Tensor | None) -> bool:
+    """Whether every cache is one run of equally strided tokens (page_geometry's pages of one token) and an
+    FP8 cache's tokens are contiguous: what the CUDA kernels address (id x token stride)."""
+    if kv_cache is not None:
+        return page_geometry(kv_cache) == (1, MLA_TOKEN_BYTES, MLA_TOKEN_BYTES)
+    return page_geometry(ckv_cache)[0] == 1 and page_geometry(kpe_cache)[0] == 1
+
+
 # Ids outside the cache that the kernels masked (_split_ids), per device; the Hopper kernel adds to the same.
 BAD_INDICES = BadIndexCounter()
+# Where calls that use out-of-range ids as padding on purpose (count_bad_ids=False) count them: never read.
+UNCOUNTED = BadIndexCounter()
+
+
+def bad_index_tensor(device: torch.device, count_bad_ids: bool) -> torch.Tensor:
+    """The counter a launch adds masked out-of-range ids to: BAD_INDICES, or UNCOUNTED."""
+    return (BAD_INDICES if count_bad_ids else UNCOUNTED).tensor(device)
 
 
 def bad_index_count(device: torch.device | str) -> int:
@@ -910,11 +1000,14 @@ def cache_tokens(ckv_cache: torch.Tensor | None, kv_cache: torch.Tensor | None) 
 
 def check_ids_in_cache(sparse_indices: torch.Tensor, topk_length: torch.Tensor | None, tokens: int,
                        who: str = "sparse MLA attention") -> None:
-    """The host-side validation (check=True): every id a kernel reads is -1 or in the cache."""
+    """The host-side validation (check=True): every id a kernel reads is -1 or in the cache (ids [T, topk],
+    or [B, S, topk] with a topk_length a request)."""
+    topk = sparse_indices.shape[-1]
     read = None
     if topk_length is not None:
-        read = torch.arange(sparse_indices.shape[1], device=sparse_indices.device)[None, :] < topk_length[:, None]
-    check_ids(who, "sparse_indices", sparse_indices, tokens, read)
+        lengths = topk_length.repeat_interleave(sparse_indices.numel() // topk // max(1, topk_length.numel()))
+        read = torch.arange(topk, device=sparse_indices.device)[None, :] < lengths[:, None]
+    check_ids(who, "sparse_indices", sparse_indices.reshape(-1, topk), tokens, read)
 
 
 def row_pad(topk: int, splits: int, cfg: Config) -> int:
@@ -944,28 +1037,70 @@ def sparse_mla_attention(
     output: torch.Tensor, lse: torch.Tensor, *, ckv_cache: torch.Tensor | None = None,
     kpe_cache: torch.Tensor | None = None, kv_cache: torch.Tensor | None = None,
     topk_length: torch.Tensor | None = None, attn_sink: torch.Tensor | None = None,
-    lse_base_e: bool = False, num_splits: int | None = None, check: bool | None = None,
+    lse_base_e: bool = False, max_logits: torch.Tensor | None = None, empty_lse: float = float("-inf"),
+    num_splits: int | None = None, check: bool | None = None, count_bad_ids: bool = True,
 ) -> None:
-    """Write output and lse in place. Exactly one KV form: ckv_cache + kpe_cache (bf16) or
-    kv_cache (FP8 656-byte tokens). num_splits overrides the split formula (tests, tuning). An id
-    outside the cache is masked as -1 and counted (bad_index_count); check (default: DSACTL_CHECK=1)
-    refuses it on the host first."""
+    """Write output and lse in place (check_inputs for the shapes). Exactly one KV form: ckv_cache +
+    kpe_cache (bf16) or kv_cache (FP8 656-byte tokens). max_logits (lse's shape), if given, gets each row's
+    largest logit times sm_scale (-inf where no id is valid); empty_lse is the lse of such a row.
+    num_splits overrides the split formula (tests, tuning). An id outside the cache is masked as -1 and,
+    where count_bad_ids, counted (bad_index_count); check (default: DSACTL_CHECK=1) refuses it on the host
+    first."""
     num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache,
                                                   kv_cache, topk_length, attn_sink)
+    if max_logits is not None:
+        _check_tensor("max_logits", max_logits, torch.float32, (num_tokens, heads), q_nope.device)
+        _check(max_logits.stride() == lse.stride(), "max_logits must have lse's strides")
     device = q_nope.device
     tokens_in_cache = cache_tokens(ckv_cache, kv_cache)
     if checking(check):
         check_ids_in_cache(sparse_indices, topk_length, tokens_in_cache)
-    if fp8kv:
-        ckv_arg, kpe_arg, stride_ckv, stride_kpe = kv_cache, kv_cache, MLA_TOKEN_BYTES, MLA_TOKEN_BYTES
-    else:
-        ckv_arg, kpe_arg, stride_ckv, stride_kpe = ckv_cache, kpe_cache, ckv_cache.stride(1), kpe_cache.stride(1)
     if num_tokens == 0:
         return
-    lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
+    s_q = q_nope.shape[1] if q_nope.dim() == 4 else 1
+    if fp8kv:
+        page_tokens, page_stride, _ = page_geometry(kv_cache)
+        caches = (kv_cache, kv_cache, page_stride // UNIT_BYTES, 0, 0, 0)
+    else:
+        page_tokens, ckv_page, ckv_token = page_geometry(ckv_cache)
+        kpe_tokens, kpe_page, kpe_token = page_geometry(kpe_cache)
+        if kpe_tokens != page_tokens:  # one evenly strided, the other not: address both by page
+            (page_tokens, ckv_page, ckv_token), (_, kpe_page, kpe_token) = (
+                (ckv_cache.shape[1], ckv_cache.stride(0), ckv_cache.stride(1)),
+                (kpe_cache.shape[1], kpe_cache.stride(0), kpe_cache.stride(1)))
+        caches = (ckv_cache, kpe_cache, ckv_page, ckv_token, kpe_page, kpe_token)
+    plan = dict(sm_scale=sm_scale, caches=caches, tokens_in_cache=tokens_in_cache, page_tokens=page_tokens, s_q=s_q,
+                topk=topk, heads=heads, fp8kv=fp8kv, attn_sink=attn_sink, num_splits=num_splits,
+                lse_scale=1.0 / math.log2(math.e) if lse_base_e else 1.0, empty_lse=empty_lse,
+                bad_count=bad_index_tensor(device, count_bad_ids))
+    if num_tokens <= MAX_GRID_TOKENS:
+        _launch(q_nope, q_pe, sparse_indices, topk_length, output, lse, max_logits, **plan)
+        return
+    # The grid's token axis takes at most MAX_GRID_TOKENS: longer calls run in slices of whole requests.
+    step = MAX_GRID_TOKENS // s_q
+    for r0 in range(0, q_nope.shape[0], step):
+        r1, t0, t1 = r0 + step, r0 * s_q, (r0 + step) * s_q
+        _launch(q_nope[r0:r1], q_pe[r0:r1], sparse_indices[r0:r1], None if topk_length is None else topk_length[r0:r1],
+                output[t0:t1], lse[t0:t1], None if max_logits is None else max_logits[t0:t1], **plan)
+
+
+# CUDA's limit on a grid's third axis, which carries the query tokens.
+MAX_GRID_TOKENS = 65535
+
+
+def _launch(q_nope, q_pe, sparse_indices, topk_length, output, lse, max_logits, *, sm_scale, caches,
+            tokens_in_cache, page_tokens, s_q, topk, heads, fp8kv, attn_sink, num_splits, lse_scale,
+            empty_lse, bad_count) -> None:
+    """One launch of the split kernel (and the combine) over at most MAX_GRID_TOKENS checked tokens."""
+    device = q_nope.device
+    num_tokens = output.shape[0]
     # Absent optional inputs: a pointer of the same dtype that the kernel never reads.
     topk_length_arg = topk_length if topk_length is not None else sparse_indices
     sink_arg = attn_sink if attn_sink is not None else lse
+    max_arg = max_logits if max_logits is not None else lse
+    # A request's strides; with one token a request the position's stride is never used.
+    q_strides = [x for t in (q_nope, q_pe) for x in (t.stride(0), t.stride(1) if s_q > 1 else 0, t.stride(-2))]
+    idx_strides = (sparse_indices.stride(0), sparse_indices.stride(1) if s_q > 1 else 0)
 
     def run(plan: tuple[Config, int]) -> None:
         cfg, planned_splits = plan
@@ -977,17 +1112,18 @@ def sparse_mla_attention(
         partials = (lse, lse, lse) if splits == 1 else split_partials(device, num_tokens, splits, heads)
         part_acc, part_m, part_l = partials
         _kernel(fp8kv, tile)[(heads // tile.block_h, splits, num_tokens)](
-            q_nope, q_pe, ckv_arg, kpe_arg, sparse_indices, topk_length_arg, sink_arg,
-            output, lse, part_acc, part_m, part_l, BAD_INDICES.tensor(device),
-            float(sm_scale) * math.log2(math.e), lse_scale, topk, splits,
-            int(topk_length is not None), int(attn_sink is not None), tokens_in_cache,
-            q_nope.stride(0), q_nope.stride(1), q_pe.stride(0), q_pe.stride(1), stride_ckv, stride_kpe,
-            sparse_indices.stride(0), output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
+            q_nope, q_pe, caches[0], caches[1], sparse_indices, topk_length_arg, sink_arg,
+            output, lse, max_arg, part_acc, part_m, part_l, bad_count,
+            float(sm_scale) * math.log2(math.e), lse_scale, empty_lse, topk, splits,
+            int(topk_length is not None), int(attn_sink is not None), int(max_logits is not None), tokens_in_cache,
+            s_q, page_tokens, *q_strides, *caches[2:], *idx_strides,
+            output.stride(0), output.stride(1), lse.stride(0), lse.stride(1),
             HEADS=heads, BLOCK_H=tile.block_h, BLOCK_N=tile.block_n, UPCAST_DOT=INTERPRETING, ROW_PAD=pad,
             num_warps=tile.num_warps, num_stages=tile.num_stages, enable_fp_fusion=FP_FUSION,
         )
         if splits > 1:
-            combine(partials, attn_sink, output, lse, lse_scale, heads, splits, num_tokens)
+            combine(partials, attn_sink, output, lse, lse_scale, heads, splits, num_tokens, max_logits=max_logits,
+                    empty_lse=empty_lse)
 
     try:
         run(launch_plan(num_tokens, heads, topk, fp8kv, device))
@@ -999,13 +1135,19 @@ def sparse_mla_attention(
 
 def aot_specs() -> list[dict]:
     """Every configuration a launch can pick, for `dsactl build` to compile ahead of time."""
-    # Argument types in the order of the split kernels' (shared) non-constexpr arguments. Integers as
-    # the launcher passes them for contiguous tensors, where the JIT specializes multiples of 16
-    # (":16"): every stride but lse's head stride (1); topk, num_splits and the two flags are never
-    # specialized (do_not_specialize), nor is cache_tokens.
-    pointers = ["*bf16", "*bf16", None, None, "*i32", "*i32", "*fp32", "*bf16", "*fp32", "*fp32", "*fp32", "*fp32",
-                "*i32"]
-    split_types = pointers + ["fp32", "fp32"] + ["i32"] * 5 + ["i32:16"] * 10 + ["i32"]
+    # The split kernels' argument types as the launcher passes them for the operator's contract: contiguous
+    # tensors, one token a request, evenly strided pages (s_q and page_tokens 1, which the JIT makes
+    # constants), integers the JIT specializes as multiples of 16 marked ":16" (every stride but lse's head
+    # stride, 1, and the FP8 page stride in 16-byte units, 41); topk, num_splits, the flags and cache_tokens
+    # are never specialized (NOT_SPECIALIZED).
+    arg_types = {
+        "q_nope_ptr": "*bf16", "q_pe_ptr": "*bf16", "indices_ptr": "*i32", "topk_length_ptr": "*i32",
+        "sink_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "max_ptr": "*fp32", "part_acc_ptr": "*fp32",
+        "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "bad_count_ptr": "*i32", "sm_scale_log2": "fp32",
+        "lse_scale": "fp32", "empty_lse": "fp32", **{name: "i32" for name in NOT_SPECIALIZED},
+        "stride_lse_h": "i32", "stride_kv_page16": "i32",
+    }
+    contract = {"s_q": 1, "page_tokens": 1}
     specs = []
     for heads in HEADS:
         # Both GPU classes' configurations; those only a GPU of Hopper-sized shared memory launches say so
@@ -1014,23 +1156,26 @@ def aot_specs() -> list[dict]:
         for fp8kv, cfg, pad in [(f, c, p) for f, c in launched for p in row_pads(c)]:
             tile = row_tile(cfg, pad)
             kernel = _kernel(fp8kv, tile)
-            types = list(split_types)
-            types[2:4] = ["*i8", "*i8"] if fp8kv else ["*bf16", "*bf16"]  # the two cache pointers
+            cache = "*i8" if fp8kv else "*bf16"
             constexprs = {"HEADS": heads, "BLOCK_H": tile.block_h, "BLOCK_N": tile.block_n, "UPCAST_DOT": False,
-                          "ROW_PAD": pad}
-            names = [n for n in kernel.arg_names if n not in constexprs]
+                          "ROW_PAD": pad, **contract}
+            # In the kernel's argument order, constants in place.
+            types = {n: "constexpr" if n in constexprs else
+                     arg_types.get(n, cache if n in ("ckv_ptr", "kpe_ptr", "kv_ptr", "unused_ptr") else "i32:16")
+                     for n in kernel.arg_names}
             specs.append({
                 "name": f"sparse_mla_h{heads}_{'fp8kv' if fp8kv else 'bf16kv'}"
                         + ("" if cfg == config(heads, fp8kv) else f"_n{cfg.block_n}w{cfg.num_warps}") + f"_ids{pad}",
                 "fn": kernel,
-                "signature": {**dict(zip(names, types, strict=True)), **{k: "constexpr" for k in constexprs}},
+                "signature": types,
                 "constexprs": constexprs, "num_warps": tile.num_warps, "num_stages": tile.num_stages,
                 **({} if cfg in configs(heads, fp8kv, True) else {"min_shared": HOPPER_SHARED_PER_BLOCK}),
             })
     combine_args = {
         "part_acc_ptr": "*fp32", "part_m_ptr": "*fp32", "part_l_ptr": "*fp32", "part_scale_ptr": "*fp32",
-        "sink_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "lse_scale": "fp32",
-        "num_heads": "i32:16", "num_splits": "i32", "has_sink": "i32", "stride_out_t": "i32:16",
+        "sink_ptr": "*fp32", "out_ptr": "*bf16", "lse_ptr": "*fp32", "max_ptr": "*fp32", "lse_scale": "fp32",
+        "empty_lse": "fp32", "num_heads": "i32:16", "num_splits": "i32", "has_sink": "i32", "has_max": "i32",
+        "stride_out_t": "i32:16",
         "stride_out_h": "i32:16", "stride_lse_t": "i32:16", "stride_lse_h": "i32",
     }
     combines = sorted({combine_config(splits, heads) for heads in HEADS for splits in range(2, MAX_SPLITS + 1)},

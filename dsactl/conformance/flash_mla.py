@@ -1,0 +1,139 @@
+"""FlashMLA's own sparse attention tests against dsactl.compat.flash_mla.
+
+From a FlashMLA checkout, tests/test_flash_mla_sparse_decoding.py and tests/test_flash_mla_sparse_prefill.py
+run with `flash_mla` resolved to dsactl.compat.flash_mla: FlashMLA's case lists, generators (tests/lib.py,
+kernelkit), references (tests/ref.py) and tolerances, unmodified. Ours is the selection: every V3.2 case
+(d_qk 576) runs; MODEL1 cases (d_qk 512) are listed as not served. The performance cases run for their
+correctness check only (num_runs 0): FlashMLA's timing finds its own kernels by name, and dsactl times the same
+shapes with its own timer (dsactl bench -b flashmla). Each case gets the seed FlashMLA's own run gives it (its
+counter advances over the cases left out too). Needs a CUDA GPU: the tests allocate there.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import dataclasses
+import io
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+from .report import ERROR, FAILED, NOT_SERVED, PASSED, Report
+
+MODULE = "flash_mla"
+DECODE_TEST = "test_flash_mla_sparse_decoding"
+PREFILL_TEST = "test_flash_mla_sparse_prefill"
+SERVED_D_QK = 576
+NOT_SERVED_REASON = "MODEL1 layout (d_qk 512)"
+# The prefill test's case lists, in its own order (its __main__ block concatenates them).
+PREFILL_LISTS = ("correctness_cases", "correctness_cases_with_features", "corner_cases", "performance_cases")
+TAIL_LINES = 6  # of a failing case's printed output, kept as its reason
+
+
+def commit(checkout: Path) -> str:
+    """The checkout's commit: its own git directory's (not that of a repository it sits in), else a COMMIT
+    file's (a snapshot), else "unknown"."""
+    if (checkout / ".git").exists():
+        try:
+            return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
+                                  text=True, check=True).stdout.strip()
+        except (OSError, subprocess.CalledProcessError):
+            pass
+    marker = checkout / "COMMIT"
+    return marker.read_text().strip() if marker.exists() else "unknown"
+
+
+def install(checkout: Path) -> None:
+    """Resolve `flash_mla` to dsactl's module and put the checkout's tests (lib, ref, quant, kernelkit) on the
+    path; FlashMLA's tests then set torch's defaults as their main() does."""
+    import torch
+
+    from dsactl.compat import flash_mla
+
+    sys.modules[MODULE] = flash_mla
+    tests = str(checkout / "tests")
+    if tests not in sys.path:
+        sys.path.insert(0, tests)
+    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_device(torch.device("cuda:0"))
+    torch.cuda.set_device(0)
+    torch.set_float32_matmul_precision("high")
+
+
+def load_prefill(checkout: Path) -> types.ModuleType:
+    """The prefill test as a module whose namespace also holds its case lists: the file's top level, then its
+    __main__ block up to the loop that runs the cases (the block sets the device defaults and builds the
+    lists; the loop is replaced by run_cases below)."""
+    path = checkout / "tests" / f"{PREFILL_TEST}.py"
+    tree = ast.parse(path.read_text(), str(path))
+    main = [node for node in tree.body if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+    if len(main) != 1:
+        raise RuntimeError(f"{path}: expected one `if __name__ == '__main__':` block")
+    body = [node for node in tree.body if node is not main[0]]
+    head = []
+    for node in main[0].body:
+        if isinstance(node, ast.For):
+            break
+        head.append(node)
+    module = types.ModuleType(PREFILL_TEST)
+    module.__file__ = str(path)
+    sys.modules[PREFILL_TEST] = module
+    exec(compile(ast.Module(body + head, type_ignores=[]), str(path), "exec"), module.__dict__)
+    return module
+
+
+def _run_case(report: Report, name: str, run) -> None:
+    """Run one case, its printed output captured: PASSED where the test's own check says so."""
+    from dsactl.compat.flash_mla import CompatError
+
+    printed = io.StringIO()
+    try:
+        with contextlib.redirect_stdout(printed):
+            correct = run()
+    except CompatError as e:
+        report.add(name, NOT_SERVED, str(e))
+        return
+    except Exception as e:  # noqa: BLE001 - any other failure of a served case is an error, reported as such
+        report.add(name, ERROR, f"{type(e).__name__}: {e}")
+        return
+    tail = " | ".join(printed.getvalue().strip().splitlines()[-TAIL_LINES:])
+    report.add(name, PASSED if correct else FAILED, "" if correct else tail)
+
+
+def run_decode(checkout: Path, source: str) -> Report:
+    import importlib
+
+    test = importlib.import_module(DECODE_TEST)
+    report = Report(f"{MODULE}.sparse_decode", source)
+    for raw in test.gen_testcase():
+        p = raw.to_test_param()
+        p.seed = test._counter.next()  # the seed FlashMLA's own run gives this case
+        if p.d_qk != SERVED_D_QK:
+            report.add(str(raw), NOT_SERVED, NOT_SERVED_REASON)
+            continue
+        p = dataclasses.replace(p, num_runs=0)
+        _run_case(report, str(raw), lambda: test.test_flash_mla(p).is_correct)
+    return report
+
+
+def run_prefill(checkout: Path, source: str) -> Report:
+    test = load_prefill(checkout)
+    report = Report(f"{MODULE}.sparse_prefill", source)
+    for p in (p for name in PREFILL_LISTS for p in getattr(test, name)):
+        p.seed = test._counter.next()
+        if p.d_qk != SERVED_D_QK:
+            report.add(str(p), NOT_SERVED, NOT_SERVED_REASON)
+            continue
+        p = dataclasses.replace(p, num_runs=0)
+        _run_case(report, str(p), lambda: test.run_test(p))
+    return report
+
+
+def run(checkout: Path) -> list[Report]:
+    """Both test files' cases against dsactl.compat.flash_mla, one Report each."""
+    checkout = Path(checkout)
+    source = commit(checkout)
+    install(checkout)
+    return [run_decode(checkout, source), run_prefill(checkout, source)]
