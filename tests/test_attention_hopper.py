@@ -589,19 +589,26 @@ def test_dispatch_is_a_pure_function_of_the_call():
     served = dict(fp8kv=False, num_tokens=8, topk_length=False, sink=False, fits={dispatch.HOPPER})
     assert dispatch.implementation_for(64, (9, 0), **served) == dispatch.HOPPER
     assert dispatch.implementation_for(128, (9, 0), **served, requested="triton") == dispatch.TRITON
-    # Under 64 heads, from HOPPER_MIN_TOKENS per (heads, FP8 KV); at 16 heads never.
+    # Under 64 heads, from HOPPER_MIN_TOKENS per (heads, FP8 KV) up to HOPPER_MAX_TOKENS; 16 heads bf16 never.
     assert dispatch.implementation_for(16, (9, 0), **served) == dispatch.TRITON
     assert dispatch.implementation_for(16, (9, 0), **{**served, "num_tokens": 512}) == dispatch.TRITON
-    assert dispatch.implementation_for(32, (9, 0), **{**served, "num_tokens": 1}) == dispatch.HOPPER
-    assert dispatch.implementation_for(32, (9, 0), **{**served, "fp8kv": True, "num_tokens": 7}) == dispatch.TRITON
+    assert dispatch.implementation_for(32, (9, 0), **{**served, "num_tokens": 1}) == dispatch.TRITON
+    assert dispatch.implementation_for(32, (9, 0), **{**served, "num_tokens": 4}) == dispatch.HOPPER
+    assert dispatch.implementation_for(32, (9, 0), **{**served, "fp8kv": True, "num_tokens": 3}) == dispatch.TRITON
     assert dispatch.implementation_for(32, (9, 0), **{**served, "fp8kv": True}) == dispatch.HOPPER
-    assert dispatch.implementation_for(16, (9, 0), **{**served, "fp8kv": True, "num_tokens": 512}) == dispatch.TRITON
+    assert dispatch.implementation_for(16, (9, 0), **{**served, "fp8kv": True, "num_tokens": 16}) == dispatch.HOPPER
+    assert dispatch.implementation_for(16, (9, 0), **{**served, "fp8kv": True, "num_tokens": 33}) == dispatch.TRITON
     for heads in dispatch.HOPPER_HEADS:
         for fp8kv in (False, True):
             least = dispatch.HOPPER_MIN_TOKENS.get((heads, fp8kv))
             if least is not None:
-                assert dispatch.implementation_for(heads, (9, 0), **{**served, "fp8kv": fp8kv,
-                                                                     "num_tokens": least}) == dispatch.HOPPER
+                # Past the most tokens of a pair without its own, the kernel's limit (fits) decides.
+                most = dispatch.HOPPER_MAX_TOKENS.get((heads, fp8kv), hopper_mla.MAX_TOKENS)
+                past = (most + 1,) if (heads, fp8kv) in dispatch.HOPPER_MAX_TOKENS else ()
+                for num_tokens in (least - 1, least, most, *past):
+                    got = dispatch.implementation_for(heads, (9, 0), **{**served, "fp8kv": fp8kv,
+                                                                        "num_tokens": num_tokens})
+                    assert (got == dispatch.HOPPER) == (least <= num_tokens <= most), (heads, fp8kv, num_tokens)
     assert dispatch.implementation_for(64, None, **served) == dispatch.TRITON
     assert dispatch.implementation_for(64, (9, 0), **{**served, "fits": set()}) == dispatch.TRITON
     assert dispatch.implementation_for(64, (9, 0), **{**served, "sink": True}) == dispatch.TRITON

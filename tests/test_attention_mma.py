@@ -279,8 +279,9 @@ def test_dispatch_sends_small_head_fp8_calls_from_the_token_threshold_to_the_mma
         assert dispatch.implementation_for(heads, (9, 0), **{**at, "fp8kv": False}) == dispatch.TRITON
         assert dispatch.implementation_for(heads, None, **at) == dispatch.TRITON  # off a GPU
         assert dispatch.implementation_for(heads, (9, 0), **{**at, "fits": set()}) == dispatch.TRITON
-        # Where the Hopper kernel serves (32 heads without topk_length or a sink), it goes first.
-        hopper = dispatch.HOPPER if (heads, True) in dispatch.HOPPER_MIN_TOKENS else dispatch.TRITON
+        # Where the Hopper kernel serves (its token range, without topk_length or a sink), it goes first.
+        hopper = (dispatch.HOPPER if dispatch.HOPPER_MIN_TOKENS.get((heads, True), least + 1) <= least
+                  <= dispatch.HOPPER_MAX_TOKENS.get((heads, True), least) else dispatch.TRITON)
         assert dispatch.implementation_for(heads, (9, 0), **{**at, "fits": {dispatch.HOPPER}}) == hopper
         assert dispatch.implementation_for(heads, (9, 0), **{**at, "fits": {dispatch.HOPPER, dispatch.MMA}}) == (
             dispatch.MMA if hopper == dispatch.TRITON else hopper)

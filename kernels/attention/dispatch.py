@@ -3,12 +3,14 @@ table of it that `dsactl list` prints.
 
 On sm_90 GPUs two CUDA kernels serve the shapes they were built for, each within its limits:
 - the Hopper kernel (hopper_mla.cu) without topk_length or a sink (topk a multiple of 64 up to 2048, at
-  most 65535 tokens, 16-byte aligned rows), from HOPPER_MIN_TOKENS query tokens per (heads, KV format); below
-  64 heads it computes a whole 64-row tile, and serves 32 heads where that still wins;
+  most 65535 tokens, 16-byte aligned rows), from HOPPER_MIN_TOKENS query tokens per (heads, KV format) up to
+  HOPPER_MAX_TOKENS; below 64 heads it computes a whole 64-row tile, and serves 16 and 32 heads where that
+  still wins;
 - the small-head kernel (mma_mla.cu) at 16 and 32 heads with FP8 KV, every variant, from MMA_MIN_TOKENS query
   tokens (below them the Triton kernel's shorter launch wins), where the Hopper kernel does not serve.
-The thresholds are where each kernel measured fastest (docs/design.md, "Measured choices"; `bash
-profiles/reproduce.sh dispatch` times every head count x 1-128 tokens x KV format with each kernel forced).
+The thresholds are where each kernel measured fastest (profiles/h100-80gb-hbm3/dispatch.csv, from `bash
+profiles/reproduce.sh dispatch`, which times every head count x 1-128 tokens x KV format with each kernel
+forced; docs/design.md, "Measured choices"; tests/test_dispatch.py holds the dispatch to every such CSV).
 The Triton kernel serves every other call. Where a CUDA kernel should serve and its library is not
 built, the call fails naming the build to run: it never falls back to the slower kernel unasked.
 Asking for an implementation (ATTENTION_KERNEL_ENV, or implementation=...) always runs it, or fails
@@ -30,9 +32,12 @@ ATTENTION_KERNEL_ENV = "DSA_ATTENTION_KERNEL"
 HOPPER_CAPABILITY = (9, 0)  # wgmma and setmaxnreg: sm_90a only
 HOPPER_HEADS = (16, 32, 64, 128)  # a CTA owns 64 heads of one token (below 64, rows of zero q)
 # The fewest query tokens the Hopper kernel serves, per (heads, FP8 KV); a pair missing is never served by it.
-# 16 heads: the small-head kernel is faster with FP8 KV; with bf16 the definition is the contest's, whose bundle
-# stays free of CUDA (it runs wherever Triton does, and verifies on CPU under the interpreter).
-HOPPER_MIN_TOKENS = {(32, False): 1, (32, True): 8, (64, False): 1, (64, True): 1, (128, False): 1, (128, True): 1}
+# 16 heads with bf16 KV: the definition is the contest's, whose bundle stays free of CUDA (it runs wherever
+# Triton does, and verifies on CPU under the interpreter).
+HOPPER_MIN_TOKENS = {(16, True): 16, (32, False): 4, (32, True): 4, (64, False): 1, (64, True): 1, (128, False): 1,
+                     (128, True): 1}
+# The most query tokens it serves where another kernel wins past them: 16 heads with FP8 KV, the small-head kernel.
+HOPPER_MAX_TOKENS = {(16, True): 32}
 
 
 def hopper_heads(fp8kv: bool) -> tuple[int, ...]:
@@ -56,12 +61,12 @@ class Row:
 
 
 TABLE = (
-    Row(HOPPER, "kernels/attention/hopper_mla.cu (CUDA)", "sm_90", "32, 64, 128",
-        "bf16 or FP8 KV (FP8 from 8 tokens at 32 heads; prefill-sized FP8 calls stage the cache as fp16 rows), "
-        "LSE base 2 or e, no topk_length or sink; topk a multiple of 64 up to 2048, at most 65535 tokens, "
-        "16-byte aligned rows"),
+    Row(HOPPER, "kernels/attention/hopper_mla.cu (CUDA)", "sm_90", "16, 32, 64, 128",
+        "bf16 or FP8 KV (32 heads from 4 tokens; 16 heads FP8 only, 16-32 tokens; prefill-sized FP8 calls stage "
+        "the cache as fp16 rows), LSE base 2 or e, no topk_length or sink; topk a multiple of 64 up to 2048, at "
+        "most 65535 tokens, 16-byte aligned rows"),
     Row(MMA, "kernels/attention/mma_mla.cu (CUDA)", "sm_90", "16, 32",
-        f"FP8 KV, every variant the row above does not take, from {MMA_MIN_TOKENS[16]} tokens at 16 heads and "
+        f"FP8 KV, every call the row above does not take, from {MMA_MIN_TOKENS[16]} tokens at 16 heads and "
         f"{MMA_MIN_TOKENS[32]} at 32; topk up to 2048, at most 65535 tokens, 16-byte aligned rows"),
     Row(TRITON, "kernels/attention/triton_sparse_mla.py (Triton)", "any", "16, 32, 64, 128",
         "every variant; every call the rows above do not take"),
@@ -78,8 +83,9 @@ def implementation_for(heads: int, capability: tuple[int, int] | None, *, fp8kv:
                                    f"(choose {', '.join(IMPLEMENTATIONS)})")
         return requested
     least = HOPPER_MIN_TOKENS.get((heads, fp8kv))
-    if (capability == HOPPER_CAPABILITY and least is not None and num_tokens >= least and not topk_length
-            and not sink and HOPPER in fits):
+    if (capability == HOPPER_CAPABILITY and least is not None and least <= num_tokens
+            and num_tokens <= HOPPER_MAX_TOKENS.get((heads, fp8kv), num_tokens) and not topk_length and not sink
+            and HOPPER in fits):
         return HOPPER
     if (capability == MMA_CAPABILITY and heads in MMA_HEADS and fp8kv and num_tokens >= MMA_MIN_TOKENS[heads]
             and MMA in fits):
