@@ -1,7 +1,8 @@
 """Result tables, rendered from the committed results under profiles/<gpu>/.
 
 Each table in README.md sits between `<!-- results:NAME -->` and `<!-- /results -->` and shows the README's GPU,
-each of README_TABLES that its results hold.
+each of README_TABLES that its results hold; `<!-- results:NAME GPU -->` shows GPU's instead (a run only that
+GPU has made).
 `render(NAME, GPU)` makes it from the CSV or JSON that profiles/reproduce.sh wrote; `python -m dsactl.results
 --write README.md` rewrites every marked table and `--check README.md` exits 1 naming each one that differs, so
 a published figure cannot drift from its source (a CPU test runs the check). `--print GPU` prints the tables
@@ -30,7 +31,8 @@ from dsactl.workloads import suite
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "profiles"
 README_GPU = "h200"  # the GPU whose results README.md shows
-BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z0-9-]+) -->\n)(?P<body>.*?)(<!-- /results -->)", re.S)
+BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z0-9-]+)(?: (?P<gpu>[a-z0-9-]+))? -->\n)(?P<body>.*?)(<!-- /results -->)",
+                   re.S)
 
 
 def _rows(folder: Path, file: str) -> list[Result]:
@@ -255,17 +257,29 @@ def verify(folder: Path) -> str:
                ((s, str(c["passed"]), str(c["failed"]), str(c["error"])) for s, c in counts.items()))
 
 
+def conformance(folder: Path) -> str:
+    """Per peer suite: its cases dsactl's drop-in served and passed, out of those, and the ones left out by
+    reason, from conformance.json (python -m dsactl.conformance)."""
+    data = json.loads((folder / "conformance.json").read_text())
+    return _md(["suite", "commit", "not served: why", "passed", "not served"],
+               ((suite, r["source"][:7], "; ".join(dict.fromkeys(why.split(" (")[0] for why in r["not_served"])) or "-",
+                 f"{r['passed']} / {r['total']}", str(sum(r["not_served"].values())))
+                for suite, r in data.items()), right_from=3)
+
+
 # Each table and the file under profiles/<gpu>/ it is rendered from.
 TABLES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "machine": ("environment.json", machine), "contest": ("contest.csv", contest),
     "attention-fp8": ("attention.csv", attention_fp8), "attention-bf16": ("attention.csv", attention_bf16), "prefill": ("prefill.csv", prefill),
     "indexer": ("indexer.csv", indexer), "pipeline": ("pipeline.csv", pipeline), "verify": ("verify.json", verify),
     "tune-contest": ("tune-contest.json", tune_contest), "tune-scale": ("tune-scale.json", tune_scale),
+    "conformance": ("conformance.json", conformance),
 }
 
 
 # The tables README.md shows; tune's gains stay under --print.
-README_TABLES = ("machine", "verify", "contest", "attention-fp8", "attention-bf16", "prefill", "indexer", "pipeline")
+README_TABLES = ("machine", "verify", "conformance", "contest", "attention-fp8", "attention-bf16", "prefill", "indexer",
+                 "pipeline")
 
 
 def folder_of(gpu: str) -> Path:
@@ -281,14 +295,18 @@ def render(name: str, gpu: str = README_GPU) -> str:
     return TABLES[name][1](folder_of(gpu))
 
 
+def _block(m: re.Match) -> str:
+    return render(m.group("name"), m.group("gpu") or README_GPU)
+
+
 def rewrite(text: str) -> str:
-    """The text with every marked table rendered anew from README_GPU's results."""
-    return BLOCK.sub(lambda m: m.group(1) + render(m.group("name")) + m.group(4), text)
+    """The text with every marked table rendered anew from its GPU's results (README_GPU's unless named)."""
+    return BLOCK.sub(lambda m: m.group(1) + _block(m) + m.group(5), text)
 
 
 def stale(text: str) -> list[str]:
     """The names of the marked tables whose text differs from their rendering."""
-    return [m.group("name") for m in BLOCK.finditer(text) if m.group("body") != render(m.group("name"))]
+    return [m.group("name") for m in BLOCK.finditer(text) if m.group("body") != _block(m)]
 
 
 def main(argv: list[str] | None = None) -> int:

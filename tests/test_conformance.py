@@ -4,7 +4,6 @@ its own loop. The peers' cases themselves need a GPU (profiles/reproduce.sh conf
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 import textwrap
 
@@ -57,13 +56,3 @@ def test_the_prefill_file_is_loaded_with_its_case_lists_and_without_its_loop(tmp
     module = runner.load_prefill(tmp_path)
     assert module.correctness_cases == [1, 2] and module.testcases == [1, 2, 3]
     assert module.ran == [] and module.run_test(5) and module.ran == [5]
-
-
-def test_a_checkout_without_a_git_directory_names_its_commit_from_a_file(tmp_path):
-    """Not the commit of a repository the snapshot sits in (.baselines/ inside dsactl's)."""
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    tmp_path = tmp_path / "snapshot"
-    tmp_path.mkdir()
-    assert runner.commit(tmp_path) == "unknown"
-    (tmp_path / "COMMIT").write_text("9241ae3\n")
-    assert runner.commit(tmp_path) == "9241ae3"

@@ -22,8 +22,8 @@ from dsactl.kernels.launch_math import cdiv
 from dsactl.kernels.indexer.mqa_logits import mqa_logits
 from dsactl.kernels.indexer.score import score
 
-# Logits rows are padded to whole key tiles of this many elements (DeepGEMM pads to its block and to
-# 1024-byte rows): the kernel's stores never straddle a row.
+# Logits rows are padded to whole key tiles of this many elements, so the kernel's stores never straddle a
+# row (1024 bytes of fp32; DeepGEMM pads bf16 rows to 1024 bytes too, 512 elements).
 ROW_ALIGN = 256
 
 _num_sms: Optional[int] = None
@@ -107,8 +107,9 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache: torch.Tensor, weights: torch.Tensor, c
                              clean_logits: bool = False, logits_dtype: torch.dtype = torch.float32,
                              indices: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Decode logits over a paged FP8 index cache: q = (float8_e4m3fn [B, next_n, H, 128], None), kv_cache
-    uint8 [num_blocks, 64, 1, 132], weights float32 [B * next_n, H], context_lens int32 [B] (token j of a
-    request sees context_len - next_n + j + 1 keys) or [B, next_n] (each row its own count), block_table
+    uint8 [num_blocks, 64, 1, 132], weights float32 [B * next_n, H], context_lens int32 [B, next_n] (each row its
+    own count; DeepGEMM's form) or [B] (earlier DeepGEMM's: token j of a request sees context_len - next_n + j + 1
+    keys), block_table
     int32 [B, max_blocks]. Returns logits [B * next_n, max_context_len]: each row's visible keys scored,
     -inf past them up to the request's longest row, and -inf everywhere past that where clean_logits (else
     unspecified there, as in DeepGEMM)."""

@@ -15,12 +15,11 @@ import ast
 import contextlib
 import dataclasses
 import io
-import subprocess
 import sys
 import types
 from pathlib import Path
 
-from .report import ERROR, FAILED, NOT_SERVED, PASSED, Report
+from .report import ERROR, FAILED, NOT_SERVED, PASSED, Report, checkout_commit
 
 MODULE = "flash_mla"
 DECODE_TEST = "test_flash_mla_sparse_decoding"
@@ -30,19 +29,6 @@ NOT_SERVED_REASON = "MODEL1 layout (d_qk 512)"
 # The prefill test's case lists, in its own order (its __main__ block concatenates them).
 PREFILL_LISTS = ("correctness_cases", "correctness_cases_with_features", "corner_cases", "performance_cases")
 TAIL_LINES = 6  # of a failing case's printed output, kept as its reason
-
-
-def commit(checkout: Path) -> str:
-    """The checkout's commit: its own git directory's (not that of a repository it sits in), else a COMMIT
-    file's (a snapshot), else "unknown"."""
-    if (checkout / ".git").exists():
-        try:
-            return subprocess.run(["git", "-C", str(checkout), "rev-parse", "HEAD"], capture_output=True,
-                                  text=True, check=True).stdout.strip()
-        except (OSError, subprocess.CalledProcessError):
-            pass
-    marker = checkout / "COMMIT"
-    return marker.read_text().strip() if marker.exists() else "unknown"
 
 
 def install(checkout: Path) -> None:
@@ -134,6 +120,6 @@ def run_prefill(checkout: Path, source: str) -> Report:
 def run(checkout: Path) -> list[Report]:
     """Both test files' cases against dsactl.compat.flash_mla, one Report each."""
     checkout = Path(checkout)
-    source = commit(checkout)
+    source = checkout_commit(checkout)
     install(checkout)
     return [run_decode(checkout, source), run_prefill(checkout, source)]

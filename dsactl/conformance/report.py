@@ -4,6 +4,7 @@ module, by outcome, and the JSON file (profiles/<gpu>/conformance.json) that kee
 from __future__ import annotations
 
 import json
+import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -12,6 +13,7 @@ FAILED = "failed"  # the peer's own check said no
 ERROR = "error"  # the call raised where it should have served
 NOT_SERVED = "not served"  # outside what the drop-in serves (listed by reason, never counted as passed)
 OUTCOMES = (PASSED, FAILED, ERROR, NOT_SERVED)
+UNKNOWN = "unknown"  # the source of a checkout that names no commit
 
 
 @dataclass
@@ -58,3 +60,18 @@ def write(path: Path, reports: list[Report]) -> None:
                          "cases": [asdict(c) for c in r.cases if c.outcome not in (PASSED, NOT_SERVED)]}
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(dict(sorted(data.items())), indent=1) + "\n")
+
+
+def checkout_commit(checkout: Path) -> str:
+    """git's HEAD where the checkout is a work tree of its own (not a folder inside another repository), else
+    the first line of its COMMIT file, else 'unknown'."""
+    try:
+        top, head = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--show-toplevel", "HEAD"],
+                                   capture_output=True, text=True, check=True).stdout.splitlines()
+        if Path(top).resolve() == checkout.resolve():
+            return head
+    except (OSError, ValueError, subprocess.CalledProcessError):
+        pass
+    commit = checkout / "COMMIT"
+    lines = commit.read_text().split() if commit.is_file() else []
+    return lines[0] if lines else UNKNOWN
