@@ -20,6 +20,8 @@
 #   conformance conformance.json: FlashMLA's and DeepGEMM's own tests against dsactl.compat.flash_mla and
 #              dsactl.compat.deep_gemm (python -m dsactl.conformance), from checkouts in .baselines/FlashMLA and
 #              .baselines/DeepGEMM (a checkout that is not there is skipped, saying so)
+#   flashmla-cases flashmla-cases.csv: FlashMLA's own V3.2 performance cases (its tests' generator and calls),
+#              timed with dsactl.compat.flash_mla and with FlashMLA built from .baselines/FlashMLA, same timer
 #   indexer    indexer.csv/.json + PNGs: the indexer at batch 1-128 x context 4K-128K
 #   topk       topk.csv/.json + PNGs: top-k with page translation, rows 1-128 x lengths 2K-128K
 #   pipeline   pipeline.csv/.json + pipeline/stages.png: the whole decode step (DecodeStep), batch 1-128 x
@@ -53,7 +55,7 @@ GPU=${GPU:-$(python3 -c "import torch; from dsactl.device import gpu_slug; print
 DIR=profiles/$GPU
 mkdir -p "$DIR"
 AREAS=("$@")
-[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify conformance contest attention prefill dispatch indexer topk pipeline executor tune ncu ncu-flashmla readme)
+[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify conformance flashmla-cases contest attention prefill dispatch indexer topk pipeline executor tune ncu ncu-flashmla readme)
 
 # cupti-python times kernels by CUPTI; its wheel and pyelftools' (which it imports), carried in .carry/,
 # install where pip has no network.
@@ -112,6 +114,9 @@ for area in "${AREAS[@]}"; do
           echo "reproduce.sh: .baselines/$checkout is not here: its conformance run is skipped" >&2
         fi
       done ;;
+    flashmla-cases)
+      flashmla
+      python3 -m dsactl.conformance flash_mla --checkout .baselines/FlashMLA --time "$DIR/flashmla-cases.csv" ;;
     indexer) bench indexer --suite scale -d 'dsa_topk_indexer_*' --no-reference --iters 20 --trials 2 ;;
     topk) bench topk --suite scale -d 'dsa_topk_page_transform_*' --no-reference --iters 20 --trials 2 ;;
     pipeline) "${DSACTL[@]}" bench --pipeline --iters 20 --warmup 5 --csv "$DIR/pipeline.csv" --json "$DIR/pipeline.json" --plot "$DIR/pipeline" ;;

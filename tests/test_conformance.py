@@ -56,3 +56,54 @@ def test_the_prefill_file_is_loaded_with_its_case_lists_and_without_its_loop(tmp
     module = runner.load_prefill(tmp_path)
     assert module.correctness_cases == [1, 2] and module.testcases == [1, 2, 3]
     assert module.ran == [] and module.run_test(5) and module.ran == [5]
+
+
+def test_the_timed_cases_are_the_v32_performance_cases_with_the_seeds_flash_mla_gives_them(tmp_path, monkeypatch):
+    tests = tmp_path / "tests"
+    tests.mkdir()
+    fake_kk = textwrap.dedent('''
+        import dataclasses
+
+        class kk:  # kernelkit's Counter
+            class Counter:
+                def __init__(self):
+                    self.n = -1
+                def next(self):
+                    self.n += 1
+                    return self.n
+
+        @dataclasses.dataclass
+        class P:
+            d_qk: int
+            num_runs: int = 0
+            seed: int = -1
+    ''')
+    (tests / f"{runner.DECODE_TEST}.py").write_text(fake_kk + textwrap.dedent('''
+        _counter = kk.Counter()
+
+        @dataclasses.dataclass
+        class Raw:
+            d_qk: int
+            num_runs: int
+            def to_test_param(self):
+                return P(self.d_qk, self.num_runs)
+
+        def gen_testcase():
+            return [Raw(576, 0), Raw(512, 10), Raw(576, 10)]
+    '''))
+    (tests / f"{runner.PREFILL_TEST}.py").write_text(fake_kk + textwrap.dedent('''
+        _counter = kk.Counter()
+        if __name__ == '__main__':
+            correctness_cases = [P(576), P(512)]
+            correctness_cases_with_features = []
+            corner_cases = [P(576)]
+            performance_cases = [P(576, 10), P(512, 10), P(576, 10)]
+            for test in correctness_cases:
+                pass
+    '''))
+    monkeypatch.syspath_prepend(str(tests))
+    for name in (runner.DECODE_TEST, runner.PREFILL_TEST):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    cases = runner.performance_cases(tmp_path)
+    assert [(test, p.d_qk, p.seed) for test, p in cases] == [("decode", 576, 2), ("prefill", 576, 3),
+                                                             ("prefill", 576, 5)]

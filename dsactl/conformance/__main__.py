@@ -18,9 +18,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("runner", choices=RUNNERS)
     parser.add_argument("--checkout", type=Path, required=True, help="the peer's repository (a work tree)")
     parser.add_argument("--json", type=Path, help="merge the reports into this file (profiles/<gpu>/conformance.json)")
+    parser.add_argument("--time", type=Path, metavar="CSV",
+                        help="flash_mla: instead, time FlashMLA's own V3.2 performance cases with dsactl's module and "
+                             "with FlashMLA built in the checkout, into CSV (profiles/<gpu>/flashmla-cases.csv)")
     args = parser.parse_args(argv)
     if not (args.checkout / "tests").is_dir():
         parser.error(f"{args.checkout} has no tests/ folder: pass the peer's checkout")
+    if args.time:
+        if args.runner != "flash_mla":
+            parser.error("--time times FlashMLA's cases: use it with flash_mla")
+        return time_flash_mla(args.checkout, args.time)
     reports = importlib.import_module(f"{__package__}.{args.runner}").run(args.checkout)
     if args.json:
         write(args.json, reports)
@@ -35,6 +42,35 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"  {c.outcome}: {c.name}: {c.reason}"[:400])
         ok &= s["passed"] == s["total"]
     return 0 if ok else 1
+
+
+def time_flash_mla(checkout: Path, csv_path: Path) -> int:
+    """FlashMLA's performance cases, ours beside FlashMLA built in the checkout (its module imported before
+    `flash_mla` is resolved to ours), one CSV row a case and a line each."""
+    import csv
+
+    import torch
+
+    from . import flash_mla
+
+    sys.path.insert(0, str(checkout))
+    real = importlib.import_module("flash_mla")
+    if not hasattr(real, "flash_mla_with_kvcache") or not hasattr(real, "cuda"):
+        print(f"{checkout}: FlashMLA does not import from there (build it: profiles/reproduce.sh, docs/design.md "
+              f"Baselines)", file=sys.stderr)
+        return 2
+    del sys.modules["flash_mla"]
+    rows = flash_mla.time_performance_cases(checkout, real)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    with csv_path.open("w", newline="") as f:
+        f.write(f"# command: python -m dsactl.conformance flash_mla --checkout {checkout} --time {csv_path}\n"
+                f"# gpu: {torch.cuda.get_device_name()}\n# flashmla: {flash_mla.checkout_commit(checkout)}\n")
+        writer = csv.DictWriter(f, flash_mla.TIMING_COLUMNS)
+        writer.writeheader()
+        writer.writerows(rows)
+    for r in rows:
+        print(f"{r['test']:8s} {r['dsactl_us']:10.1f} {r['flashmla_us']:10.1f} {r['speedup']:6.3f}  {r['case'][:90]}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -123,3 +123,69 @@ def run(checkout: Path) -> list[Report]:
     source = checkout_commit(checkout)
     install(checkout)
     return [run_decode(checkout, source), run_prefill(checkout, source)]
+
+
+# FlashMLA's performance cases timed, ours beside its own: the same inputs from its generator, the same call
+# through its tests' lib (run_flash_mla_decode, run_flash_mla_sparse_fwd), dsactl's timer (bench: CUPTI kernel
+# time, cold L2, warm-up first), each module in turn.
+TIMING_ITERS, TIMING_WARMUP, TIMING_TRIALS = 20, 3, 2
+TIMING_COLUMNS = ("test", "case", "dsactl_us", "flashmla_us", "speedup")
+
+
+def performance_cases(checkout: Path) -> list[tuple[str, object]]:
+    """(test, TestParam) of every V3.2 performance case of both test files, seeded as FlashMLA's own run seeds
+    them (each file's counter advances over every case from a fresh start)."""
+    import importlib
+
+    decode = importlib.import_module(DECODE_TEST)
+    counter = decode.kk.Counter()
+    cases = []
+    for raw in decode.gen_testcase():
+        p = raw.to_test_param()
+        p.seed = counter.next()
+        if p.d_qk == SERVED_D_QK and p.num_runs > 0:  # its correctness cases run 0 times
+            cases.append(("decode", p))
+    prefill = load_prefill(checkout)
+    counter = prefill.kk.Counter()
+    for name in PREFILL_LISTS:
+        for p in getattr(prefill, name):
+            p.seed = counter.next()
+            if p.d_qk == SERVED_D_QK and name == "performance_cases":
+                cases.append(("prefill", p))
+    return cases
+
+
+def time_performance_cases(checkout: Path, real: types.ModuleType) -> list[dict]:
+    """One row a case: its median time with dsactl.compat.flash_mla and with `real` (FlashMLA built from the
+    checkout), in us, and FlashMLA's time over ours."""
+    import torch
+
+    from dsactl.bench.timing import L2Flusher, measure, pick_method, summarize
+    from dsactl.compat import flash_mla as ours
+
+    install(Path(checkout))
+    import lib
+
+    method, flusher, rows = pick_method(), L2Flusher(), []
+    for test, p in performance_cases(Path(checkout)):
+        if test == "decode":
+            t = lib.generate_testcase_for_decode(p)
+        else:
+            t = lib.generate_testcase(p)
+        times = {}
+        for label, module in (("dsactl", ours), ("flashmla", real)):
+            lib.flash_mla = module
+            if test == "decode":
+                meta = module.get_mla_metadata()[0]
+                call = lambda: lib.run_flash_mla_decode(p, t, meta, None)  # noqa: E731
+            else:
+                call = lambda: lib.run_flash_mla_sparse_fwd(p, t, False)  # noqa: E731
+            trials = [measure(call, method, TIMING_ITERS, TIMING_WARMUP, flusher)[1] for _ in range(TIMING_TRIALS)]
+            times[label] = summarize(trials).median_us
+        lib.flash_mla = ours
+        rows.append({"test": test, "case": str(p), "dsactl_us": round(times["dsactl"], 2),
+                     "flashmla_us": round(times["flashmla"], 2),
+                     "speedup": round(times["flashmla"] / times["dsactl"], 3)})
+        del t
+        torch.cuda.empty_cache()
+    return rows
