@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from fnmatch import fnmatch
 from typing import Callable
 
+from dsactl.definitions.attention import any_page_size
 from dsactl.device import has_cuda_gpu
 from dsactl.errors import DsactlError
 from dsactl.kernels.attention import dispatch
@@ -21,7 +22,7 @@ from dsactl.kernels.errors import KernelError
 @dataclass(frozen=True)
 class Solution:
     name: str
-    definitions: tuple[str, ...]  # fnmatch patterns over definition names
+    definitions: tuple[str, ...]  # fnmatch patterns over definition names (attention's at page size 64)
     language: str  # "python" | "triton" | "cuda"
     entry: str  # "package.module:function"
     description: str
@@ -32,13 +33,17 @@ class Solution:
     # (definition pattern, entry): for a matching definition, an entry that serves it with fewer files,
     # which a bundle of that definition ships instead of `entry`; the first match wins.
     pack_entries: tuple[tuple[str, str], ...] = ()
+    # (definition params, workload params) -> why its kernel does not take such a workload of a definition it
+    # serves (limits below the definition's, which verify skips saying so), else None.
+    refuses: Callable[[dict, dict], str | None] | None = None
 
     def serves(self, definition: str) -> bool:
-        return any(fnmatch(definition, p) for p in self.definitions)
+        return any(fnmatch(any_page_size(definition), p) for p in self.definitions)
 
     def entry_for(self, definition: str) -> str:
         """The entry a bundle of definition ships."""
-        return next((entry for pattern, entry in self.pack_entries if fnmatch(definition, pattern)), self.entry)
+        return next((entry for pattern, entry in self.pack_entries if fnmatch(any_page_size(definition), pattern)),
+                    self.entry)
 
     def load(self) -> Callable:
         module, _, func = self.entry.partition(":")
@@ -102,6 +107,16 @@ def _cuda_heads(variant: str) -> tuple[int, ...]:
             + (dispatch.MMA_HEADS if variant in MMA_ATTENTION_VARIANTS else ()))
 
 
+def _cuda_attention_refuses(definition_params: dict, workload_params: dict) -> str | None:
+    """The CUDA attention kernels' limits below the definitions': rows of at most CUDA_MAX_TOPK ids, and token
+    ids that are rows (caches of evenly strided pages); the dispatch sends the rest to the Triton kernel."""
+    if definition_params["topk"] > dispatch.CUDA_MAX_TOPK:
+        return f"topk over {dispatch.CUDA_MAX_TOPK} (the Triton kernel's)"
+    if workload_params.get("padded_pages"):
+        return "padded pages, whose token ids are not rows (the Triton kernel's)"
+    return None
+
+
 def _triton_only_entries(variant: str) -> tuple[tuple[str, str], ...]:
     """The definitions of an attention variant that the dispatch never sends to a CUDA kernel, each with
     the Triton-only entry, so that their bundles carry no CUDA."""
@@ -155,14 +170,14 @@ SOLUTIONS: list[Solution] = [
                "warpgroups splitting the output columns), mbarrier ring, split-KV + the Triton combine; under "
                "64 heads a 64-row tile on zero q rows"
                + (", FP8 KV dequantized to fp16 by the producer" if "fp8kv" in v else ""),
-               cuda_libs=("hopper_mla",), capability=(9, 0))
+               cuda_libs=("hopper_mla",), capability=(9, 0), refuses=_cuda_attention_refuses)
       for v in HOPPER_ATTENTION_VARIANTS),
     *(Solution(f"dsactl-attention-mma{v.replace('_', '-')}",
                tuple(f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk*_ps64{v}" for h in dispatch.MMA_HEADS),
                "cuda", f"dsactl.kernels.attention.mma_mla:sparse_attention{v}",
                "sparse MLA at 16/32 heads with FP8 KV in CUDA: mma.sync, a bulk-copy ring of gathered rows two "
                "CTAs an SM, e4m3 fed to fp16 MMAs with the scales applied to logits and P, split-KV + the Triton "
-               "combine", cuda_libs=("mma_mla",), capability=(9, 0))
+               "combine", cuda_libs=("mma_mla",), capability=(9, 0), refuses=_cuda_attention_refuses)
       for v in MMA_ATTENTION_VARIANTS),
     *(Solution(f"torch-attention{v.replace('_', '-')}", (f"dsa_sparse_attention_h*_ckv512_kpe64_topk*_ps64{v}",),
                "python", f"dsactl.kernels.attention.torch_baseline:torch_sparse_attention{v}",

@@ -14,7 +14,7 @@
 #              FP8 KV), with FlashMLA's sparse decode in the same run when it imports (below)
 #   prefill    prefill.csv/.json + PNGs: attention at 64/128 heads x 1024-8192 tokens over a 64K-token context,
 #              bf16 and FP8 KV, with FlashMLA's sparse prefill (bf16) and decode (FP8) kernels in the same run
-#   dispatch   dispatch.csv/.json: attention at 16-128 heads x 1-128 tokens, bf16 and FP8 KV, the dispatch's choice
+#   dispatch   dispatch.csv: attention at 16-128 heads x 1-128 tokens, bf16 and FP8 KV, the dispatch's choice
 #              beside each kernel forced (-b dsactl-hopper, dsactl-mma, dsactl-triton): where the dispatch's token
 #              thresholds (kernels/attention/dispatch.py) come from, and what tests/test_dispatch.py holds them to
 #   conformance conformance.json: FlashMLA's and DeepGEMM's own tests against dsactl.compat.flash_mla and
@@ -104,7 +104,7 @@ for area in "${AREAS[@]}"; do
         --no-reference --iters 10 --trials 2 "${baseline[@]}" ;;
     dispatch) "${DSACTL[@]}" bench --suite dispatch -d 'dsa_sparse_attention_*' -s dsactl-attention \
         -s dsactl-attention-fp8kv --no-reference --iters 20 --trials 2 -b dsactl-hopper -b dsactl-mma -b dsactl-triton \
-        --csv "$DIR/dispatch.csv" --json "$DIR/dispatch.json" ;;
+        --csv "$DIR/dispatch.csv" ;;
     conformance)
       for peer in FlashMLA:flash_mla DeepGEMM:deep_gemm; do
         IFS=: read -r checkout runner <<<"$peer"

@@ -318,6 +318,38 @@ def test_interpreted_kernel_reads_padded_pages_and_requests_of_several_tokens(fp
     assert torch.allclose(max_logits, want_max, atol=1e-4, rtol=1e-4)
 
 
+PAGE_WORKLOADS = [w for w in suite("edge") if w.label == "pages"]
+
+
+@pytest.mark.skipif(not INTERPRETING, reason="runs where TRITON_INTERPRET=1 (see test_kernel_under_interpreter)")
+@pytest.mark.parametrize("workload", [pytest.param(w, id=w.uuid) for w in PAGE_WORKLOADS
+                                      if get(w.definition).params["topk"] <= 2048])  # 16384 ids: minutes here
+def test_interpreted_entry_serves_flash_mla_layouts_of_the_edge_suite(workload):
+    """Pages of 2, 61 and 576 tokens, each padded by a poisoned row, through the shipped entry."""
+    inputs = make_inputs(workload, "cpu", seed=2)
+    cache = inputs.get("kv_cache", inputs.get("ckv_cache"))
+    assert cache.stride(0) == (cache.shape[1] + 1) * cache.stride(1)
+    outputs = _run(solutions.leading(workload.definition).load(), workload.definition, inputs)
+    assert_matches_reference(workload.definition, inputs, outputs)
+
+
+def test_verify_leaves_padded_pages_and_long_rows_to_the_triton_kernel(monkeypatch):
+    """The CUDA kernels' solutions serve these definitions but not these workloads: verify skips the pairs,
+    saying why, where it would otherwise run them."""
+    from dsactl.verify import runner
+
+    monkeypatch.setattr(runner.Candidate, "availability", lambda self: (True, "ok"))
+    candidates = [runner.candidate(s) for s in solutions.SOLUTIONS
+                  if any(s.serves(w.definition) for w in PAGE_WORKLOADS)]
+    pairs, skipped = runner.plan(candidates, PAGE_WORKLOADS)
+    cuda = {s.name for s in solutions.SOLUTIONS if s.language == "cuda" and s.refuses}
+    assert cuda & {c.name for c in candidates}
+    assert not [(c.name, w.uuid) for c, w in pairs if c.name in cuda]
+    assert {s.reason for s in skipped if s.solution in cuda} == {
+        "padded pages, whose token ids are not rows (the Triton kernel's)", "topk over 2048 (the Triton kernel's)"}
+    assert {w.uuid for c, w in pairs if c.name.startswith("dsactl-attention")} == {w.uuid for w in PAGE_WORKLOADS}
+
+
 @pytest.mark.skipif(INTERPRETING, reason="the interpreter cases run in this process")
 def test_kernel_under_interpreter():
     env = {**os.environ, "TRITON_INTERPRET": "1"}

@@ -27,7 +27,7 @@ from dsactl.build import cuda as build_cuda
 from dsactl.build import cuobjdump
 from dsactl.definitions import get
 from dsactl.kernels import cuda_library
-from dsactl.kernels.attention import dispatch, mma_mla, solution
+from dsactl.kernels.attention import dispatch, hopper_mla, mma_mla, solution
 from dsactl.kernels.attention.entries import VARIANTS
 from dsactl.kernels.errors import KernelBuildError, KernelInputError
 
@@ -564,3 +564,7 @@ def test_gpu_solution_runs_the_mma_kernel_at_16_heads_from_8_tokens(monkeypatch)
     solution.sparse_attention_fp8kv(**{name: named[name] for name in get(definition).signature})
     assert ran
     assert_matches_reference(definition, inputs, outputs)
+
+
+def test_the_cuda_kernels_topk_limit_is_the_one_the_solutions_plan_with():
+    assert mma_mla.MAX_TOPK == hopper_mla.MAX_TOPK == dispatch.CUDA_MAX_TOPK

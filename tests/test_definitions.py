@@ -199,3 +199,20 @@ def test_json_validates_with_flashinfer_bench_model():
     fib = pytest.importorskip("flashinfer_bench.data")
     for d in definitions.all_definitions()[::7]:
         fib.Definition.model_validate(d.to_json())
+
+
+def test_attention_names_carry_any_page_size_and_topk_up_to_16384_served_by_the_same_solutions():
+    from dsactl import solutions
+
+    get = definitions.get
+    d = get("dsa_sparse_attention_h64_ckv512_kpe64_topk16384_ps2_fp8kv_lsee")
+    assert (d.params["page_size"], d.params["topk"], d.const_axes["page_size"]) == (2, 16384, 2)
+    for bad in ("topk16448_ps64", "topk100_ps64", "topk128_ps0"):
+        with pytest.raises(DsactlError):
+            get(f"dsa_sparse_attention_h64_ckv512_kpe64_{bad}")
+    at_64 = "dsa_sparse_attention_h64_ckv512_kpe64_topk16384_ps64_fp8kv_lsee"
+    assert [s.name for s in solutions.for_definition(d.name, True)] == [
+        s.name for s in solutions.for_definition(at_64, True)]
+    # The variant flags still tell the solutions apart at any page size.
+    assert not any(s.serves("dsa_sparse_attention_h64_ckv512_kpe64_topk128_ps61_fp8kv")
+                   for s in solutions.for_definition("dsa_sparse_attention_h64_ckv512_kpe64_topk128_ps61", True))

@@ -94,10 +94,15 @@ def _profile_folders() -> dict[str, list[Path]]:
     return folders
 
 
+# A GPU's folder holds every reproduce.sh area's current results (CSVs, their charts, the Nsight tables): small
+# enough that the repository stays a quick clone.
+PROFILE_BYTES = 7 * 2**19
+
+
 def test_profiles_hold_current_results_only():
     files = [p for p in _tracked() if p.is_relative_to(ROOT / "profiles") and p.exists()]
     for gpu, held in _profile_folders().items():
-        assert len(held) <= 80 and sum(p.stat().st_size for p in held) <= 3 * 2**20, f"profiles/{gpu}/ is small"
+        assert len(held) <= 80 and sum(p.stat().st_size for p in held) <= PROFILE_BYTES, f"profiles/{gpu}/ is small"
     logs = [p for p in files if p.suffix in (".patch", ".log", ".ncu-rep") or (p.suffix == ".txt" and p.name != "command.txt")]
     assert not logs, f"no logs, patches or reports under profiles/: {logs}"
 

@@ -1,9 +1,10 @@
 """dsa_sparse_attention: sparse MLA decode attention over selected tokens.
 
 Contest contract (docs/design.md, Contracts): dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64.
-Variants by name suffix: heads {16, 32, 64, 128}; topk any multiple of 64 up to
-2048; `_fp8kv` (one int8 [num_pages, 64, 656] cache in the FP8 MLA token layout
-instead of two bf16 caches); `_lsee` (natural-log LSE instead of base 2);
+Variants by name: heads {16, 32, 64, 128}; topk any multiple of 64 up to 16384
+(FlashMLA's largest); `_ps<N>`: pages of N tokens (token id = page * N + offset;
+64 in the contest); `_fp8kv` (one int8 [num_pages, N, 656] cache in the FP8 MLA
+token layout instead of two bf16 caches); `_lsee` (natural-log LSE instead of base 2);
 `_topklen` (per-row topk_length: only the first topk_length[t] indices count);
 `_sink` (per-head attention sink: out *= 1 / (1 + exp(sink - lse_e)); the lse
 output is the one without the sink).
@@ -18,12 +19,20 @@ from dsactl.definitions.base import Definition, TensorSpec
 from dsactl.fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_TOKEN_BYTES, PAGE_SIZE, dequantize_mla_kv
 
 HEADS = (16, 32, 64, 128)
-MAX_TOPK = 2048
+TOPK_STEP = 64  # topk is whole blocks of 64 ids (the CUDA kernels' gather block, FlashMLA's too)
+MAX_TOPK = 16384
 CONTEST_SM_SCALE = 0.1352337788608801
 NAME_RE = re.compile(
-    r"^dsa_sparse_attention_h(\d+)_ckv512_kpe64_topk(\d+)_ps64"
+    r"^dsa_sparse_attention_h(\d+)_ckv512_kpe64_topk(\d+)_ps(\d+)"
     r"(?P<fp8kv>_fp8kv)?(?P<lsee>_lsee)?(?P<topklen>_topklen)?(?P<sink>_sink)?$"
 )
+PAGE_RE = re.compile(r"^(dsa_sparse_attention_h\d+_ckv512_kpe64_topk\d+)_ps\d+")
+
+
+def any_page_size(name: str) -> str:
+    """The name with the contest's page size: what solutions match, since every attention kernel addresses
+    tokens by id, whatever the pages they sit in."""
+    return PAGE_RE.sub(rf"\1_ps{PAGE_SIZE}", name)
 
 
 def reference(q_nope, q_pe, sparse_indices, sm_scale, ckv_cache=None, kpe_cache=None, kv_cache=None,
@@ -63,12 +72,14 @@ def reference(q_nope, q_pe, sparse_indices, sm_scale, ckv_cache=None, kpe_cache=
 
 
 def make(heads: int = 16, topk: int = 2048, fp8kv: bool = False, lse_base_e: bool = False,
-         topk_length: bool = False, sink: bool = False) -> Definition:
+         topk_length: bool = False, sink: bool = False, page_size: int = PAGE_SIZE) -> Definition:
     if heads not in HEADS:
         raise ValueError(f"attention heads must be one of {HEADS}, got {heads}")
-    if topk % PAGE_SIZE or not 0 < topk <= MAX_TOPK:
-        raise ValueError(f"attention topk must be a multiple of 64 in [64, {MAX_TOPK}], got {topk}")
-    name = (f"dsa_sparse_attention_h{heads}_ckv512_kpe64_topk{topk}_ps64"
+    if topk % TOPK_STEP or not 0 < topk <= MAX_TOPK:
+        raise ValueError(f"attention topk must be a multiple of {TOPK_STEP} in [{TOPK_STEP}, {MAX_TOPK}], got {topk}")
+    if page_size < 1:
+        raise ValueError(f"attention pages hold at least one token, got {page_size}")
+    name = (f"dsa_sparse_attention_h{heads}_ckv512_kpe64_topk{topk}_ps{page_size}"
             + ("_fp8kv" if fp8kv else "") + ("_lsee" if lse_base_e else "")
             + ("_topklen" if topk_length else "") + ("_sink" if sink else ""))
     if fp8kv:
@@ -81,14 +92,15 @@ def make(heads: int = 16, topk: int = 2048, fp8kv: bool = False, lse_base_e: boo
         TensorSpec("q_nope", ("num_tokens", "num_qo_heads", "ckv_dim"), "bfloat16"),
         TensorSpec("q_pe", ("num_tokens", "num_qo_heads", "kpe_dim"), "bfloat16"),
         *caches,
-        TensorSpec("sparse_indices", ("num_tokens", "topk"), "int32", "flat page*64+offset, -1 = padding anywhere"),
+        TensorSpec("sparse_indices", ("num_tokens", "topk"), "int32",
+                   "flat page*page_size+offset, -1 = padding anywhere"),
         TensorSpec("sm_scale", (), "float32"),
     )
     if topk_length:
         inputs += (TensorSpec("topk_length", ("num_tokens",), "int32", "only the first topk_length[t] indices count"),)
     if sink:
         inputs += (TensorSpec("attn_sink", ("num_qo_heads",), "float32", "out *= 1/(1+exp(sink - lse_e))"),)
-    consts = {"num_qo_heads": heads, "ckv_dim": MLA_CKV_DIM, "kpe_dim": MLA_KPE_DIM, "page_size": PAGE_SIZE,
+    consts = {"num_qo_heads": heads, "ckv_dim": MLA_CKV_DIM, "kpe_dim": MLA_KPE_DIM, "page_size": page_size,
               "topk": topk}
     if fp8kv:
         consts["kv_token_bytes"] = MLA_TOKEN_BYTES
@@ -97,7 +109,8 @@ def make(heads: int = 16, topk: int = 2048, fp8kv: bool = False, lse_base_e: boo
         op_type="dsa_paged",
         description=(
             f"DSA sparse MLA decode attention, {heads} query heads, one latent KV head "
-            f"(d_qk 576, d_v 512), top-{topk} selected tokens, {'FP8 656-byte' if fp8kv else 'bf16'} KV, "
+            f"(d_qk 576, d_v 512), top-{topk} selected tokens, {'FP8 656-byte' if fp8kv else 'bf16'} KV in pages "
+            f"of {page_size} tokens, "
             f"base-{'e' if lse_base_e else '2'} LSE" + (", per-row topk_length" if topk_length else "")
             + (", attention sink" if sink else "")
         ),
@@ -112,7 +125,7 @@ def make(heads: int = 16, topk: int = 2048, fp8kv: bool = False, lse_base_e: boo
         constraints=("all((sparse_indices == -1) | ((sparse_indices >= 0) & (sparse_indices < num_pages * page_size)))",)
         + (("all((topk_length >= 0) & (topk_length <= topk))",) if topk_length else ()),
         reference=reference,
-        params={"heads": heads, "topk": topk, "fp8kv": fp8kv, "lse_base": math.e if lse_base_e else 2.0,
+        params={"heads": heads, "topk": topk, "page_size": page_size, "fp8kv": fp8kv, "lse_base": math.e if lse_base_e else 2.0,
                 "has_topk_length": topk_length, "has_sink": sink},
         tags=("stage:attention",) + (("contest",) if name == "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64" else ()),
     )
@@ -122,7 +135,8 @@ def parse(name: str) -> Definition | None:
     m = NAME_RE.match(name)
     if not m:
         return None
-    return make(int(m.group(1)), int(m.group(2)), bool(m["fp8kv"]), bool(m["lsee"]), bool(m["topklen"]), bool(m["sink"]))
+    return make(int(m.group(1)), int(m.group(2)), bool(m["fp8kv"]), bool(m["lsee"]), bool(m["topklen"]), bool(m["sink"]),
+                int(m.group(3)))
 
 
 def variants() -> list[Definition]:

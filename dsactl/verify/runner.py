@@ -62,6 +62,12 @@ class Candidate:
     def serves(self, definition: str) -> bool:
         return self.solution is None or self.solution.serves(definition)
 
+    def refuses(self, w: Workload) -> str | None:
+        """Why its kernel does not take this workload of a definition it serves (Solution.refuses), else None."""
+        if self.solution is None or self.solution.refuses is None:
+            return None
+        return self.solution.refuses(get(w.definition).params, w.params)
+
     def availability(self) -> tuple[bool, str]:
         if self.solution is None:
             return True, "ok"
@@ -258,6 +264,8 @@ def plan(candidates: Sequence[Candidate], workloads: Sequence[Workload]
         for c, (ok, reason) in serving:
             if ok and c.baseline and "hostile" in w.params:
                 ok, reason = False, HOSTILE_BASELINE
+            elif ok and (refused := c.refuses(w)):
+                ok, reason = False, refused
             if ok:
                 pairs.append((c, w))
             else:

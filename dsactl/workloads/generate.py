@@ -109,6 +109,16 @@ def _mla_kv_cache(ckv, kpe, scales: str, g) -> torch.Tensor:
     return torch.where(pow2[..., None], quantize_mla_kv(ckv, kpe, "ue8m0"), quantize_mla_kv(ckv, kpe))
 
 
+def _padded_pages(cache: torch.Tensor) -> torch.Tensor:
+    """The cache [pages, tokens, D] as a view into pages of tokens + 1 rows (the extra row NaN-poisoned bf16,
+    0x7f e4m3 bytes: no kernel may read it)."""
+    pages, tokens, dim = cache.shape
+    fill = float("nan") if cache.dtype == torch.bfloat16 else 0x7F
+    padded = torch.full((pages, tokens + 1, dim), fill, dtype=cache.dtype, device=cache.device)
+    padded[:, :tokens] = cache
+    return padded[:, :tokens]
+
+
 def attention_inputs(d: Definition, w: Workload, device, seed: int) -> dict[str, Any]:
     g = _generator(device, seed)
     p = w.params
@@ -121,14 +131,18 @@ def attention_inputs(d: Definition, w: Workload, device, seed: int) -> dict[str,
         "q_nope": _randn((num_tokens, heads, 512), g, device, q_scale).to(torch.bfloat16),
         "q_pe": _randn((num_tokens, heads, 64), g, device, q_scale).to(torch.bfloat16),
     }
-    ckv = _randn((num_pages, PAGE_SIZE, 512), g, device).to(torch.bfloat16)
-    kpe = _randn((num_pages, PAGE_SIZE, 64), g, device).to(torch.bfloat16)
+    page_size = d.params["page_size"]
+    ckv = _randn((num_pages, page_size, 512), g, device).to(torch.bfloat16)
+    kpe = _randn((num_pages, page_size, 64), g, device).to(torch.bfloat16)
     if d.params["fp8kv"]:
-        out["kv_cache"] = _mla_kv_cache(ckv, kpe, p.get("kv_scales", "fp32"), g)
-        assert out["kv_cache"].shape[-1] == MLA_TOKEN_BYTES
+        caches = {"kv_cache": _mla_kv_cache(ckv, kpe, p.get("kv_scales", "fp32"), g)}
+        assert caches["kv_cache"].shape[-1] == MLA_TOKEN_BYTES
     else:
-        out["ckv_cache"], out["kpe_cache"] = ckv, kpe
-    out["sparse_indices"] = _sparse_indices(p, num_tokens, topk, num_pages * PAGE_SIZE, g, device)
+        caches = {"ckv_cache": ckv, "kpe_cache": kpe}
+    if p.get("padded_pages"):  # each page a token longer than it holds, as FlashMLA's tests allocate blocks
+        caches = {name: _padded_pages(c) for name, c in caches.items()}
+    out.update(caches)
+    out["sparse_indices"] = _sparse_indices(p, num_tokens, topk, num_pages * page_size, g, device)
     out["sm_scale"] = float(p.get("sm_scale", CONTEST_SM_SCALE))
     if d.params["has_topk_length"]:
         out["topk_length"] = torch.randint(0, topk + 1, (num_tokens,), generator=g, device=device, dtype=torch.int32)

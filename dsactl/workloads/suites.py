@@ -167,6 +167,14 @@ def edge() -> list[Workload]:
             if fp8:  # tokens with power-of-two and with other scales side by side (the fast and the general dequant)
                 out.append(_attention(f"edge-attention-mixed-scales-{tag}", "edge", "scales", base, 3, 512,
                                       pattern="scattered", valid=(2048, 1000, 64), kv_scales="mixed"))
+    # FlashMLA's layouts: pages of other sizes, each padded by a row as its tests allocate them (ids page * N +
+    # offset; the padding poisoned), and rows up to its largest topk.
+    for heads, topk, page_size, suffix, tokens, pages, padded in (
+            (64, 128, 2, "_fp8kv", 3, 100, True), (128, 576, 61, "_fp8kv_lsee_sink", 2, 12, True),
+            (64, 512, 576, "_lsee_topklen", 3, 2, True), (128, 16384, 64, "_fp8kv_lsee", 2, 300, False)):
+        out.append(_attention(f"edge-attention-ps{page_size}-topk{topk}-h{heads}", "edge", "pages",
+                              f"dsa_sparse_attention_h{heads}_ckv512_kpe64_topk{topk}_ps{page_size}{suffix}", tokens,
+                              pages, pattern="scattered", valid=(topk, topk // 3, 0)[:tokens], padded_pages=padded))
     for suffix in ("_lsee", "_topklen", "_sink", "_fp8kv_lsee_topklen_sink"):
         out.append(_attention(f"edge-attention-variant{suffix}", "edge", "variant",
                               f"dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64{suffix}", 3, 512,

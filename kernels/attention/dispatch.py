@@ -45,6 +45,10 @@ def hopper_heads(fp8kv: bool) -> tuple[int, ...]:
     return tuple(h for h in HOPPER_HEADS if (h, fp8kv) in HOPPER_MIN_TOKENS)
 
 
+# Both CUDA kernels stage a split's ids in shared memory: rows of more ids are the Triton kernel's (hopper_mla and
+# mma_mla's MAX_TOPK; mma_mla keeps its own, so that its bundles carry no dispatch).
+CUDA_MAX_TOPK = 2048
+
 MMA_CAPABILITY = (9, 0)  # where it was measured against the Triton kernel (it runs on sm_90 and sm_100)
 MMA_HEADS = (16, 32)
 # The fewest query tokens the small-head kernel serves, per head count (FP8 KV, full rows).

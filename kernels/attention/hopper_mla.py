@@ -50,14 +50,14 @@ from ..tuned import Table, table_path
 from . import fp8_staging
 from . import triton_sparse_mla as tsm
 from .alignment import check_aligned
-from .dispatch import HOPPER_CAPABILITY, HOPPER_HEADS
+from .dispatch import CUDA_MAX_TOPK, HOPPER_CAPABILITY, HOPPER_HEADS
 from .entries import Variant, entries
 
 LIBRARY = "hopper_mla"
 HEADS = HOPPER_HEADS
 HEADS_PER_CTA = 64  # wgmma M: one consumer warpgroup's accumulator rows
 BLOCK_TOKENS = 64  # tokens per shared-memory ring stage
-MAX_TOPK = 2048
+MAX_TOPK = CUDA_MAX_TOPK
 CAPABILITY = HOPPER_CAPABILITY
 # The split formula of the Triton kernel, with this kernel's tile: 64 heads x 64 tokens per step,
 # one CTA per SM (its 227 KB of shared memory fill one).
