@@ -18,9 +18,10 @@ schemas (an op schema's keyword-only arguments cannot be tensors); pass them by 
       -> (output, lse)
   dsactl::sparse_mla_decode_out(q_nope, q_pe, sparse_indices, sm_scale, output, lse, ...the same optionals)
       Sparse MLA attention through the dispatch (kernels/attention/solution.py): q_nope bf16 [T, H, 512],
-      q_pe bf16 [T, H, 64], either kv_cache int8 [num_pages, 64, 656] (FP8) or ckv_cache bf16
-      [num_pages, 64, 512] and kpe_cache bf16 [num_pages, 64, 64], sparse_indices int32 [T, topk] (the
-      indexer's ids); output bf16 [T, H, 512], lse float32 [T, H] (base 2, or e with lse_base_e).
+      q_pe bf16 [T, H, 64], either kv_cache int8 [num_pages, page_size, 656] (FP8) or ckv_cache bf16
+      [num_pages, page_size, 512] and kpe_cache bf16 [num_pages, page_size, 64] (pages of any size, any
+      stride apart), sparse_indices int32 [T, topk] (the indexer's ids, page * page_size + offset); output
+      bf16 [T, H, 512], lse float32 [T, H] (base 2, or e with lse_base_e).
 
 The launchers check every input and raise KernelInputError naming the argument. An id outside its cache
 is masked, never read, and counted on the device (kernels/bad_index.py): bad_index_counters(device)

@@ -182,6 +182,7 @@ def test_deep_gemm_paged_logits_match_deep_gemms_reference_formula(row_lens, dty
         visible = (context[:, None] - N + 1 + torch.arange(N, device=DEVICE)[None, :]).flatten()
     width = blocks_per_row * 64
     meta = deep_gemm.get_paged_mqa_logits_metadata(lens, 64, 132)
+    assert meta.shape == (133, 2) and meta.dtype == torch.int32  # DeepGEMM's schedule shape
     got = deep_gemm.fp8_fp4_paged_mqa_logits((q, None), cache, weights, lens, block_table, meta, width,
                                              clean_logits=clean, logits_dtype=dtype)
     want = _deepgemm_paged_reference(q.float(), keys.squeeze(2), weights, visible, block_table)
@@ -198,9 +199,15 @@ def test_deep_gemm_paged_logits_match_deep_gemms_reference_formula(row_lens, dty
 def test_deep_gemm_api_refuses_what_it_does_not_serve_in_one_line():
     with pytest.raises(deep_gemm.CompatError, match="FP4 q"):
         deep_gemm.fp8_fp4_mqa_logits((None, torch.zeros(1)), (None, None), None, None, None)
+    q = torch.zeros(1, 64, 128).to(torch.float8_e4m3fn)
+    weights = torch.zeros(1, 64)
     with pytest.raises(deep_gemm.CompatError, match="clean_logits=False"):
-        deep_gemm.fp8_fp4_mqa_logits((None, None), (None, None), None, None, None, clean_logits=True,
-                                     max_seqlen_k=4)
+        deep_gemm.fp8_fp4_mqa_logits((q, None), (None, None), weights, None, None, clean_logits=True, max_seqlen_k=4)
+    # DeepGEMM's sm_100-only shapes, named.
+    for q_, w_, message in ((q[:, :16], weights[:, :16], "16 heads"), (q, weights.bfloat16(), "bfloat16 weights"),
+                            (torch.zeros(1, 64, 256).to(torch.float8_e4m3fn), weights, "head dim 256")):
+        with pytest.raises(deep_gemm.CompatError, match=message):
+            deep_gemm.fp8_fp4_mqa_logits((q_, None), (None, None), w_, None, None)
     lens = torch.ones(2, dtype=torch.int32)
     with pytest.raises(deep_gemm.CompatError, match="block_kv 32 is not served"):
         deep_gemm.get_paged_mqa_logits_metadata(lens, 32, 132)

@@ -19,8 +19,9 @@ import torch
 
 from dsactl.kernels.errors import KernelInputError
 from dsactl.kernels.launch_math import cdiv
-from dsactl.kernels.indexer.mqa_logits import mqa_logits
+from dsactl.kernels.indexer import mqa_logits as ragged
 from dsactl.kernels.indexer.score import score
+from dsactl.kernels.indexer.shapes import HEADS as PAGED_HEADS
 
 # Logits rows are padded to whole key tiles of this many elements, so the kernel's stores never straddle a
 # row (1024 bytes of fp32; DeepGEMM pads bf16 rows to 1024 bytes too, 512 elements).
@@ -64,6 +65,7 @@ def fp8_fp4_mqa_logits(q, kv, weights: torch.Tensor, cu_seq_len_k_start: torch.T
     q_fp, q_sf = q
     if q_sf is not None:
         raise CompatError("fp8_fp4_mqa_logits: FP4 q (a scale tensor in q) is not served; pass (q_fp8, None)")
+    _check_sm90("fp8_fp4_mqa_logits", q_fp, weights, ragged.HEADS, ragged.DIMS)
     k, k_scale = kv
     if max_seqlen_k < 0:
         raise CompatError(f"fp8_fp4_mqa_logits: max_seqlen_k {max_seqlen_k} < 0")
@@ -72,8 +74,8 @@ def fp8_fp4_mqa_logits(q, kv, weights: torch.Tensor, cu_seq_len_k_start: torch.T
         raise CompatError("fp8_fp4_mqa_logits: compressed logits (max_seqlen_k > 0) take clean_logits=False")
     width = max_seqlen_k if compressed else k.shape[0]
     logits = _padded(q_fp.shape[0], width, logits_dtype, q_fp.device)
-    mqa_logits(q_fp, k, k_scale, weights, cu_seq_len_k_start, cu_seq_len_k_end, logits, clean=clean_logits,
-               compressed=compressed)
+    ragged.mqa_logits(q_fp, k, k_scale, weights, cu_seq_len_k_start, cu_seq_len_k_end, logits, clean=clean_logits,
+                      compressed=compressed)
     return logits
 
 
@@ -89,10 +91,25 @@ PAGED_BLOCK_KV = 64  # the index cache page dsactl's decode indexer reads (8448 
 
 def get_paged_mqa_logits_metadata(context_lens: torch.Tensor, block_kv: int, num_sms: int,
                                   indices: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """DeepGEMM's schedule for fp8_paged_mqa_logits. dsactl's kernel splits the rows itself, so the schedule
-    is an empty int32 [0, 2] tensor; the call checks what the logits call will need."""
+    """DeepGEMM's schedule for fp8_paged_mqa_logits, in its shape (int32 [num_sms + 1, 2]) for callers that
+    keep or check it. dsactl's kernel splits the rows itself and never reads it, so it holds zeros; the call
+    checks what the logits call will need."""
     _check_paged(block_kv, indices)
-    return torch.empty(0, 2, dtype=torch.int32, device=context_lens.device)
+    return torch.zeros(num_sms + 1, 2, dtype=torch.int32, device=context_lens.device)
+
+
+PAGED_HEAD_DIM = 128  # the index cache's key dim
+
+
+def _check_sm90(who: str, q: torch.Tensor, weights: torch.Tensor, heads: tuple[int, ...],
+                dims: tuple[int, ...]) -> None:
+    """What DeepGEMM serves on sm_100 only (other head counts and dims, bf16 weights) is refused here, naming it."""
+    if q.shape[-2] not in heads:
+        raise CompatError(f"{who}: {q.shape[-2]} heads are DeepGEMM's sm_100 path, not served (only {heads})")
+    if q.shape[-1] not in dims:
+        raise CompatError(f"{who}: head dim {q.shape[-1]} is DeepGEMM's sm_100 path, not served (only {dims})")
+    if weights.dtype != torch.float32:
+        raise CompatError(f"{who}: {weights.dtype} weights are DeepGEMM's sm_100 path, not served (float32 only)")
 
 
 def _check_paged(block_kv: int, indices) -> None:
@@ -117,6 +134,7 @@ def fp8_fp4_paged_mqa_logits(q, kv_cache: torch.Tensor, weights: torch.Tensor, c
     if q_sf is not None:
         raise CompatError("fp8_fp4_paged_mqa_logits: FP4 q (a scale tensor in q) is not served; pass (q_fp8, None)")
     _check_paged(kv_cache.shape[1] if kv_cache.dim() == 4 else -1, indices)
+    _check_sm90("fp8_fp4_paged_mqa_logits", q_fp, weights, PAGED_HEADS, (PAGED_HEAD_DIM,))
     if logits_dtype not in (torch.float32, torch.bfloat16):
         raise CompatError(f"fp8_fp4_paged_mqa_logits: logits_dtype {logits_dtype} is not float32 or bfloat16")
     rows = q_fp.shape[0] * q_fp.shape[1]
