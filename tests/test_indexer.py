@@ -220,6 +220,20 @@ def test_passthrough_refuses_a_block_table_that_is_not_int32_or_short_of_the_bat
         passthrough(lens, torch.zeros(1, 8, dtype=torch.int32, device=DEVICE), out, 1, 8)
 
 
+def test_passthrough_check_refuses_a_page_outside_the_cache_a_request_reads(monkeypatch):
+    """DSACTL_CHECK=1 on the short-row path too: a page past the cache inside a request's seq_len is named;
+    one past its seq_len is never read, so not refused."""
+    monkeypatch.setenv("DSACTL_CHECK", "1")
+    lens = torch.tensor([100, 30], dtype=torch.int32, device=DEVICE)
+    table = torch.tensor([[0, 1, 2, 3], [4, 99, 5, 6]], dtype=torch.int32, device=DEVICE)
+    out = torch.full((2, 256), INT_POISON, dtype=torch.int32, device=DEVICE)
+    passthrough(lens, table, out, 1, 8)  # page 99 sits past request 1's 30 tokens
+    assert (out[1, 30:] == -1).all()
+    table[0, 1] = 8
+    with pytest.raises(KernelError, match=r"block_table\[0, 1\] = 8 is outside \[0, 8\)"):
+        passthrough(lens, table, out, 1, 8)
+
+
 def plant_out_of_range_pages(table, seq_lens, num_pages):
     """A copy of table with page ids 5e7, -7 and num_pages (one past the cache) among the requests' pages
     (page 0 of each request beyond the first keeps its id, num_pages - 1 stays valid); how many."""

@@ -17,9 +17,11 @@ import torch
 import triton
 import triton.language as tl
 
+from ..bad_index import MAX_PAGES, checking
 from ..errors import KernelInputError
 from ..fp8 import PAGE_SIZE
 from ..launch_math import cdiv
+from ..topk.launcher import check_values
 from ..triton_options import FP_FUSION
 from .score import BAD_PAGES
 from .shapes import NEXT_NS, TOPKS
@@ -53,9 +55,10 @@ def indexer_passthrough_kernel(seq_lens_ptr, block_table_ptr, out_ptr, bad_count
 
 
 def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Tensor, next_n: int,
-                num_pages: int) -> None:
+                num_pages: int, check: bool | None = None) -> None:
     """Write the structural top-k of every row (module docstring; pages outside [0, num_pages) give -1,
-    counted in score.BAD_PAGES); one launch, no host sync."""
+    counted in score.BAD_PAGES); one launch, no host sync. check (default: DSACTL_CHECK=1) refuses such a
+    page on the host first, as the scoring path does."""
     if out.dtype != torch.int32 or out.dim() != 2 or not out.is_contiguous():
         raise KernelInputError(f"passthrough output must be contiguous int32 [rows, topk], "
                                f"got {out.dtype} {list(out.shape)}")
@@ -75,6 +78,9 @@ def passthrough(seq_lens: torch.Tensor, block_table: torch.Tensor, out: torch.Te
         raise KernelInputError("block_table must have unit column stride")
     if rows == 0:
         return
+    if checking(check):  # each request reads the pages that hold its seq_len tokens
+        check_values(seq_lens, block_table[:batch], None, block_table.shape[1] * PAGE_SIZE,
+                     min(num_pages, MAX_PAGES))
     indexer_passthrough_kernel[(rows, cdiv(topk, BLOCK))](
         seq_lens, block_table, out, BAD_PAGES.tensor(out.device), block_table.stride(0),
         block_table.shape[1] * PAGE_SIZE, num_pages,
