@@ -697,3 +697,35 @@ def test_forced_kernel_plugins_serve_where_their_kernel_takes_the_call_and_run_t
     assert seen == ["triton"]
     verdict = check(call.definition, call.inputs, call.outputs)
     assert verdict.passed, "\n".join(verdict.problems)
+
+
+def _fake_bench_on(gpu: str):
+    """runner.bench that reports running on `gpu`, times with _fake_timer on the CPU, and returns the run."""
+    def fake(workloads_, settings, command, progress=None, on_ready=None, on_workload=None, executor=None):
+        meta = {"command": command, "gpu": gpu, "sm_count": 1, "sm_clock_mhz": 1, "max_sm_clock_mhz": 1,
+                "driver": "x", "timing_method": "fake", "peaks": {"copy_gbps": 1.0, "bf16_tflops": 1.0},
+                "self_check": {"ok": True, "method": "fake", "nbytes": 2**20, "measured_us": 1.0, "expected_us": 1.0,
+                               "deviation": 0.0}}
+        on_ready(meta)
+        return runner.run_bench(workloads_, settings, _fake_timer, device="cpu", meta=meta)
+    return fake
+
+
+def test_compare_keeps_the_file_it_compares_against_and_refuses_another_gpus(monkeypatch, tmp_path):
+    """`bench --compare profiles/<gpu>/<stem>.csv` (the README's example) leaves that file as it was, and a CSV
+    measured on another GPU is refused before anything is timed."""
+    from dsactl import device
+
+    monkeypatch.setattr(device, "profiles_dir", lambda gpu: tmp_path / "profiles" / device.gpu_slug(gpu))
+    args = ["--iters", "2", "--trials", "1", "-b", "torch-topk"]
+    monkeypatch.setattr(runner, "bench", _fake_bench_on("Fake GPU"))
+    first = _bench_cli(*args)
+    assert first.exit_code in (0, 1), first.output
+    (baseline,) = (tmp_path / "profiles").rglob("*.csv")
+    before = baseline.read_bytes()
+    again = _bench_cli("--compare", str(baseline), *args)
+    assert "is the file compared against" in again.output and baseline.read_bytes() == before
+    monkeypatch.setattr(runner, "bench", _fake_bench_on("Other GPU"))
+    other = _bench_cli("--compare", str(baseline), *args)
+    assert "measured on Fake GPU, this run is on Other GPU" in str(other.exception) + other.output
+    assert other.exit_code != 0 and len(list((tmp_path / "profiles").rglob("*.csv"))) == 1
