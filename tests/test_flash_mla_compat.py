@@ -225,3 +225,48 @@ def test_calls_past_the_grids_token_axis_run_in_slices_of_whole_requests(monkeyp
         results.append((out, lse, top))
     for a, b in zip(*results):
         assert not a.isnan().any() and torch.equal(a, b)
+
+
+def _decode_call(seed: int, heads: int = 128, batch: int = 4, s_q: int = 2, topk: int = 256):
+    """A flash_mla_with_kvcache call's inputs as an engine holds them (64-token blocks, contiguous), on the GPU."""
+    g = torch.Generator().manual_seed(seed)
+    blocks = 40
+    cache, _ = _quantize((torch.randn(blocks, 64, 576, generator=g) / 10).clamp(-1, 1))
+    inputs = {"q": torch.randn(batch, s_q, heads, 576, generator=g).clamp(-1, 1).to(torch.bfloat16),
+              "k_cache": cache.contiguous(),
+              "indices": torch.randint(-1, blocks * 64, (batch, s_q, topk), generator=g, dtype=torch.int32),
+              "attn_sink": _sinks(heads, g)}
+    return {name: t.to("cuda") for name, t in inputs.items()}
+
+
+def _call(x: dict, meta):
+    return flash_mla.flash_mla_with_kvcache(x["q"], x["k_cache"], None, None, 512, meta, None, 0.1, False, True,
+                                            x["indices"], x["attn_sink"])
+
+
+@pytest.mark.gpu
+def test_gpu_a_decode_call_never_waits_for_the_host_and_replays_from_a_cuda_graph_on_new_values():
+    static = _decode_call(seed=1)
+    meta, _ = flash_mla.get_mla_metadata()
+    _call(static, meta)  # warm-up: kernels compiled
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        _call(static, meta)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _call(static, meta)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out, lse = _call(static, meta)
+    for seed in (2, 3):
+        fresh = _decode_call(seed)
+        for name, t in fresh.items():
+            static[name].copy_(t)
+        graph.replay()
+        want_out, want_lse = _call(fresh, flash_mla.get_mla_metadata()[0])
+        assert torch.equal(out, want_out) and torch.equal(lse, want_lse)
