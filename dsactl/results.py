@@ -31,8 +31,8 @@ from dsactl.workloads import suite
 REPO = Path(__file__).resolve().parents[1]
 PROFILES = REPO / "profiles"
 README_GPU = "h200"  # the GPU whose results README.md shows
-BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z0-9-]+)(?: (?P<gpu>[a-z0-9-]+))? -->\n)(?P<body>.*?)(<!-- /results -->)",
-                   re.S)
+BLOCK = re.compile(r"(<!-- results:(?P<name>[a-z0-9-]+)(?: (?P<gpu>[a-z0-9-]+))? -->\n)"
+                   r"(?P<body>.*?)(<!-- /results -->)", re.S)
 
 
 def _rows(folder: Path, file: str) -> list[Result]:

@@ -204,8 +204,8 @@ def _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv
     limits and 16-byte alignment. Reads only the leading dims, so it may run before the contract."""
     _check(q_nope.dim() == 3 and sparse_indices.dim() == 2, "takes [T, H, 512] q and [T, topk] ids (one token "
                                                              "a request): use the Triton kernel")
-    _check(tsm.ids_are_rows(ckv_cache, kpe_cache, kv_cache), "reads caches whose token ids are rows (evenly "
-                                                            "strided pages, contiguous FP8 tokens): use the Triton kernel")
+    _check(tsm.ids_are_rows(ckv_cache, kpe_cache, kv_cache),
+           "reads caches whose token ids are rows (evenly strided pages, contiguous FP8 tokens): use the Triton kernel")
     num_tokens, topk = sparse_indices.shape[0], sparse_indices.shape[-1]
     _check(num_tokens <= MAX_TOKENS, f"at most {MAX_TOKENS} query tokens per call, got {num_tokens}")
     _check(topk % BLOCK_TOKENS == 0 and topk <= MAX_TOPK,

@@ -47,7 +47,8 @@ def implementation_for(q_nope, q_pe, sparse_indices, output, lse, *, ckv_cache=N
     if on_gpu and cuda_outputs and has_kv and heads in dispatch.HOPPER_HEADS and hopper_mla.fits(
             q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache):
         fits.add(dispatch.HOPPER)
-    if on_gpu and cuda_outputs and heads in dispatch.MMA_HEADS and mma_mla.fits(q_nope, q_pe, sparse_indices, output, kv_cache):
+    if on_gpu and cuda_outputs and heads in dispatch.MMA_HEADS and mma_mla.fits(q_nope, q_pe, sparse_indices, output,
+                                                                                 kv_cache):
         fits.add(dispatch.MMA)
     return dispatch.implementation_for(
         heads, capability, fp8kv=kv_cache is not None, num_tokens=num_tokens, topk_length=topk_length is not None,

@@ -385,9 +385,9 @@ def _sparse_mla_fp8_kernel(
     ROW_PAD: tl.constexpr,
 ):
     """FP8 KV under 64 heads (656-byte tokens in pages stride_kv_page16 x 16 bytes apart; otherwise the
-    bf16 kernel's arguments, the second cache and its strides unused). The e4m3 values are exact in bf16, so the tiles feed tl.dot
-    undequantized and each group's fp32 scale multiplies its part of the logits and of p instead:
-    the result equals fp32 dequantization up to the rounding of p, as in the bf16 path (rounding
+    bf16 kernel's arguments, the second cache and its strides unused). The e4m3 values are exact in bf16, so
+    the tiles feed tl.dot undequantized and each group's fp32 scale multiplies its part of the logits and of
+    p instead: the result equals fp32 dequantization up to the rounding of p, as in the bf16 path (rounding
     dequantized values to bf16 instead fails the contest tolerance on peaked rows)."""
     split, t, heads, c, r = _fp8_program(HEADS, BLOCK_H, BLOCK_N, ROW_PAD)
     dot_dtype: tl.constexpr = tl.float32 if UPCAST_DOT else tl.bfloat16
