@@ -107,3 +107,13 @@ def test_the_timed_cases_are_the_v32_performance_cases_with_the_seeds_flash_mla_
     cases = runner.performance_cases(tmp_path)
     assert [(test, p.d_qk, p.seed) for test, p in cases] == [("decode", 576, 2), ("prefill", 576, 3),
                                                              ("prefill", 576, 5)]
+
+
+def test_timing_without_flash_mla_built_in_the_checkout_says_so(tmp_path, capsys, monkeypatch):
+    from dsactl.conformance.__main__ import main
+
+    (tmp_path / "tests").mkdir()
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert main(["flash_mla", "--checkout", str(tmp_path), "--time", str(tmp_path / "t.csv")]) == 2
+    assert "FlashMLA does not import from there" in capsys.readouterr().err
+    assert not (tmp_path / "t.csv").exists()

@@ -54,10 +54,13 @@ def time_flash_mla(checkout: Path, csv_path: Path) -> int:
     from . import flash_mla
 
     sys.path.insert(0, str(checkout))
-    real = importlib.import_module("flash_mla")
+    try:
+        real = importlib.import_module("flash_mla")
+    except ImportError:
+        real = None
     if not hasattr(real, "flash_mla_with_kvcache") or not hasattr(real, "cuda"):
-        print(f"{checkout}: FlashMLA does not import from there (build it: profiles/reproduce.sh, docs/design.md "
-              f"Baselines)", file=sys.stderr)
+        print(f"{checkout}: FlashMLA does not import from there (build it: profiles/reproduce.sh flashmla-cases, "
+              f"docs/design.md Baselines)", file=sys.stderr)
         return 2
     del sys.modules["flash_mla"]
     rows = flash_mla.time_performance_cases(checkout, real)
