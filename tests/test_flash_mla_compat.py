@@ -15,12 +15,9 @@ import torch
 from dsactl.compat import flash_mla
 from dsactl.kernels.attention import solution
 from dsactl.kernels.attention import triton_sparse_mla as tsm
-from dsactl.kernels.fp8 import MLA_TOKEN_BYTES
+from dsactl.kernels.fp8 import MLA_TOKEN_BYTES, dequantize_mla_kv, quantize_mla_kv
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SCALE_GROUPS = 4
-GROUP = 128
-E4M3_MAX = 448.0
 POISON_BYTE = 0x7F  # e4m3 NaN: a cache row the kernel must never read
 
 
@@ -32,23 +29,14 @@ def _padded(shape: tuple[int, ...], dtype, fill=0) -> torch.Tensor:
 
 
 def _quantize(blocked: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """V3.2's FP8 cache of bf16-range values [blocks, block_size, 576], each block padded by one token as
-    FlashMLA's tests allocate it: (cache [blocks, block_size, 1, 656] float8_e4m3fn, its values dequantized)."""
+    """The V3.2 FP8 cache (dsactl's quantizer, power-of-two scales) of values [blocks, block_size, 576], each
+    block padded by one token as FlashMLA's tests allocate it: (cache [blocks, block_size, 1, 656]
+    float8_e4m3fn, the values it holds, dequantized)."""
     blocks, size, _ = blocked.shape
-    cache = torch.empty(blocks, size + 1, MLA_TOKEN_BYTES, dtype=torch.float8_e4m3fn)[:, :size]
-    raw = cache.view(torch.uint8)
-    dequantized = torch.empty(blocks, size, 576)
-    for g in range(SCALE_GROUPS):
-        values = blocked[..., g * GROUP:(g + 1) * GROUP]
-        scale = torch.pow(2, (values.abs().amax(-1) / E4M3_MAX).clamp_min(1e-4).log2().ceil())
-        e4m3 = (values / scale[..., None]).to(torch.float8_e4m3fn)
-        raw[..., g * GROUP:(g + 1) * GROUP] = e4m3.view(torch.uint8)
-        raw[..., 512 + 4 * g:516 + 4 * g] = scale.float().contiguous().view(torch.uint8).view(blocks, size, 4)
-        dequantized[..., g * GROUP:(g + 1) * GROUP] = e4m3.float() * scale[..., None]
-    rope = blocked[..., 512:].to(torch.bfloat16)
-    raw[..., 528:] = rope.contiguous().view(torch.uint8).view(blocks, size, 128)
-    dequantized[..., 512:] = rope.float()
-    return cache.unsqueeze(2), dequantized
+    cache = torch.empty(blocks, size + 1, MLA_TOKEN_BYTES, dtype=torch.int8)[:, :size]
+    cache.copy_(quantize_mla_kv(blocked[..., :512], blocked[..., 512:], "ue8m0"))
+    ckv, kpe = dequantize_mla_kv(cache)
+    return cache.view(torch.float8_e4m3fn).unsqueeze(2), torch.cat([ckv, kpe], dim=-1)
 
 
 def _reference(q, rows, ids, valid, sm_scale, sink):
