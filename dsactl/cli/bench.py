@@ -152,19 +152,20 @@ def register(app: typer.Typer) -> None:
         old = report.read_csv(compare_path) if compare_path else None
 
         stem = report.default_stem(dataset or suite, definition, solution or None)
-        defaults = [not no_save]  # profiles/<gpu>/<stem>.csv|json, one pair per GPU type (set once the GPU is known)
+        defaults = not no_save  # profiles/<gpu>/<stem>.csv|json, one pair per GPU type
 
         def ready(meta) -> None:
+            nonlocal defaults
             if old is not None and old.meta.get("gpu") not in (None, meta["gpu"]):
                 raise DsactlError(f"--compare {compare_path} was measured on {old.meta['gpu']}, this run is on "
                                   f"{meta['gpu']}: compare runs of one GPU")
             default_csv = report.default_paths(meta["gpu"], stem)[0]
-            if (defaults[0] and old is not None and not csv_path
+            if (defaults and old is not None and not csv_path
                     and default_csv.resolve() == Path(compare_path).resolve()):
-                defaults[0] = False  # the run compared against is the default file: keep it
+                defaults = False  # the run compared against is the default file: keep it
                 console.print(f"{compare_path} is the file compared against: this run is not written over it "
                               f"(--csv PATH keeps it elsewhere)")
-            if defaults[0]:  # the default files that --csv / --json do not replace
+            if defaults:  # the default files that --csv / --json do not replace
                 for given, path in zip((csv_path, json_path), report.default_paths(meta["gpu"], stem)):
                     if not given:
                         report.check_writable(path)
@@ -199,7 +200,7 @@ def register(app: typer.Typer) -> None:
                 finished[0] += 1
                 bar.update(task, completed=finished[0])
                 partial.meta["complete"] = f"{len({r.workload for r in partial.results})} of {len(selected)} workloads"
-                merge.write(partial, stem, csv_path, json_path, defaults[0])
+                merge.write(partial, stem, csv_path, json_path, defaults)
 
             run = runner.bench(selected, settings, _command_line(), progress=lambda text: bar.update(
                                    task, description=text), on_ready=ready, on_workload=keep, executor=run_on)
@@ -217,7 +218,7 @@ def register(app: typer.Typer) -> None:
 
         if not run_on.local and run.results:
             console.print(workers.placements_line(run.results), soft_wrap=True)
-        for written in merge.write(run, stem, csv_path, json_path, defaults[0]):
+        for written in merge.write(run, stem, csv_path, json_path, defaults):
             console.print(f"wrote {written}")
         if plot_dir:
             for path in plot.plot(run.results, plot_dir):

@@ -1062,12 +1062,10 @@ def sparse_mla_attention(
         page_tokens, page_stride, _ = page_geometry(kv_cache)
         caches = (kv_cache, kv_cache, page_stride // UNIT_BYTES, 0, 0, 0)
     else:
-        page_tokens, ckv_page, ckv_token = page_geometry(ckv_cache)
-        kpe_tokens, kpe_page, kpe_token = page_geometry(kpe_cache)
-        if kpe_tokens != page_tokens:  # one evenly strided, the other not: address both by page
-            (page_tokens, ckv_page, ckv_token), (_, kpe_page, kpe_token) = (
-                (ckv_cache.shape[1], ckv_cache.stride(0), ckv_cache.stride(1)),
-                (kpe_cache.shape[1], kpe_cache.stride(0), kpe_cache.stride(1)))
+        geometry = [page_geometry(c) for c in (ckv_cache, kpe_cache)]
+        if geometry[0][0] != geometry[1][0]:  # one evenly strided, the other not: address both by page
+            geometry = [(c.shape[1], c.stride(0), c.stride(1)) for c in (ckv_cache, kpe_cache)]
+        (page_tokens, ckv_page, ckv_token), (_, kpe_page, kpe_token) = geometry
         caches = (ckv_cache, kpe_cache, ckv_page, ckv_token, kpe_page, kpe_token)
     plan = dict(sm_scale=sm_scale, caches=caches, tokens_in_cache=tokens_in_cache, page_tokens=page_tokens, s_q=s_q,
                 topk=topk, heads=heads, fp8kv=fp8kv, attn_sink=attn_sink, num_splits=num_splits,
