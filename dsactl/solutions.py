@@ -93,9 +93,9 @@ def runs_here(s: Solution) -> tuple[str, str]:
 # Name suffixes of the sparse attention variants (dsactl/definitions/attention.py); each has its entry.
 ATTENTION_VARIANTS = tuple(kv + lse + tl + sink for kv in ("", "_fp8kv") for lse in ("", "_lsee")
                            for tl in ("", "_topklen") for sink in ("", "_sink"))
-# The variants the Hopper kernel serves (kernels/attention/dispatch.py: no topk_length, no sink) and
-# those the small-head kernel serves (FP8 KV).
-HOPPER_ATTENTION_VARIANTS = ("", "_lsee", "_fp8kv", "_fp8kv_lsee")
+# The variants the Hopper kernel serves (kernels/attention/dispatch.py: all) and those the small-head kernel
+# serves (FP8 KV).
+HOPPER_ATTENTION_VARIANTS = ATTENTION_VARIANTS
 MMA_ATTENTION_VARIANTS = tuple(v for v in ATTENTION_VARIANTS if v.startswith("_fp8kv"))
 ATTENTION_HEADS = (16, 32, 64, 128)
 ATTENTION_NAME = "dsa_sparse_attention_h{heads}_ckv512_kpe64_topk*_ps64{variant}"
@@ -107,14 +107,20 @@ def _cuda_heads(variant: str) -> tuple[int, ...]:
             + (dispatch.MMA_HEADS if variant in MMA_ATTENTION_VARIANTS else ()))
 
 
-def _cuda_attention_refuses(definition_params: dict, workload_params: dict) -> str | None:
-    """The CUDA attention kernels' limits below the definitions': rows of at most CUDA_MAX_TOPK ids, and token
-    ids that are rows (caches of evenly strided pages); the dispatch sends the rest to the Triton kernel."""
-    if definition_params["topk"] > dispatch.CUDA_MAX_TOPK:
-        return f"topk over {dispatch.CUDA_MAX_TOPK} (the Triton kernel's)"
+def _hopper_attention_refuses(definition_params: dict, workload_params: dict) -> str | None:
+    """The Hopper kernel's limit below the definitions': token ids that are rows (caches of evenly strided
+    pages); the dispatch sends the rest to the Triton kernel."""
     if workload_params.get("padded_pages"):
         return "padded pages, whose token ids are not rows (the Triton kernel's)"
     return None
+
+
+def _mma_attention_refuses(definition_params: dict, workload_params: dict) -> str | None:
+    """The small-head kernel's limits below the definitions': the Hopper kernel's, and rows of at most
+    MMA_MAX_TOPK ids."""
+    if definition_params["topk"] > dispatch.MMA_MAX_TOPK:
+        return f"topk over {dispatch.MMA_MAX_TOPK} (the Hopper or Triton kernel's)"
+    return _hopper_attention_refuses(definition_params, workload_params)
 
 
 def _triton_only_entries(variant: str) -> tuple[tuple[str, str], ...]:
@@ -170,14 +176,14 @@ SOLUTIONS: list[Solution] = [
                "warpgroups splitting the output columns), mbarrier ring, split-KV + the Triton combine; under "
                "64 heads a 64-row tile on zero q rows"
                + (", FP8 KV dequantized to fp16 by the producer" if "fp8kv" in v else ""),
-               cuda_libs=("hopper_mla",), capability=(9, 0), refuses=_cuda_attention_refuses)
+               cuda_libs=("hopper_mla",), capability=(9, 0), refuses=_hopper_attention_refuses)
       for v in HOPPER_ATTENTION_VARIANTS),
     *(Solution(f"dsactl-attention-mma{v.replace('_', '-')}",
                tuple(f"dsa_sparse_attention_h{h}_ckv512_kpe64_topk*_ps64{v}" for h in dispatch.MMA_HEADS),
                "cuda", f"dsactl.kernels.attention.mma_mla:sparse_attention{v}",
                "sparse MLA at 16/32 heads with FP8 KV in CUDA: mma.sync, a bulk-copy ring of gathered rows two "
                "CTAs an SM, e4m3 fed to fp16 MMAs with the scales applied to logits and P, split-KV + the Triton "
-               "combine", cuda_libs=("mma_mla",), capability=(9, 0), refuses=_cuda_attention_refuses)
+               "combine", cuda_libs=("mma_mla",), capability=(9, 0), refuses=_mma_attention_refuses)
       for v in MMA_ATTENTION_VARIANTS),
     *(Solution(f"torch-attention{v.replace('_', '-')}", (f"dsa_sparse_attention_h*_ckv512_kpe64_topk*_ps64{v}",),
                "python", f"dsactl.kernels.attention.torch_baseline:torch_sparse_attention{v}",

@@ -333,9 +333,9 @@ def test_interpreted_entry_serves_flash_mla_layouts_of_the_edge_suite(workload):
     assert_matches_reference(workload.definition, inputs, outputs)
 
 
-def test_verify_leaves_padded_pages_and_long_rows_to_the_triton_kernel(monkeypatch):
-    """The CUDA kernels' solutions serve these definitions but not these workloads: verify skips the pairs,
-    saying why, where it would otherwise run them."""
+def test_verify_leaves_padded_pages_to_the_triton_kernel(monkeypatch):
+    """The CUDA kernels' solutions serve these definitions but not the padded pages' workloads: verify skips
+    those pairs, saying why, where it would otherwise run them; the Hopper kernel's takes rows of 16384 ids."""
     from dsactl.verify import runner
 
     monkeypatch.setattr(runner.Candidate, "availability", lambda self: (True, "ok"))
@@ -344,10 +344,16 @@ def test_verify_leaves_padded_pages_and_long_rows_to_the_triton_kernel(monkeypat
     pairs, skipped = runner.plan(candidates, PAGE_WORKLOADS)
     cuda = {s.name for s in solutions.SOLUTIONS if s.language == "cuda" and s.refuses}
     assert cuda & {c.name for c in candidates}
-    assert not [(c.name, w.uuid) for c, w in pairs if c.name in cuda]
+    assert not [(c.name, w.uuid) for c, w in pairs if c.name in cuda and w.params.get("padded_pages")]
     assert {s.reason for s in skipped if s.solution in cuda} == {
-        "padded pages, whose token ids are not rows (the Triton kernel's)", "topk over 2048 (the Triton kernel's)"}
+        "padded pages, whose token ids are not rows (the Triton kernel's)"}
+    assert [w.uuid for c, w in pairs if c.name in cuda] == [
+        w.uuid for w in PAGE_WORKLOADS if get(w.definition).params["topk"] == 16384]
     assert {w.uuid for c, w in pairs if c.name.startswith("dsactl-attention")} == {w.uuid for w in PAGE_WORKLOADS}
+    # The small-head kernel keeps a split's ids in shared memory: longer rows are another kernel's.
+    mma = next(s for s in solutions.SOLUTIONS if s.name.startswith("dsactl-attention-mma"))
+    assert mma.refuses({"topk": 2048}, {}) is None
+    assert mma.refuses({"topk": 4096}, {}) == "topk over 2048 (the Hopper or Triton kernel's)"
 
 
 @pytest.mark.skipif(INTERPRETING, reason="the interpreter cases run in this process")

@@ -28,13 +28,14 @@ from dsactl.definitions import get
 from dsactl.kernels.errors import KernelError
 from dsactl.kernels import cuda_library
 from dsactl.kernels.attention import dispatch, hopper_mla, hopper_model
+from dsactl.kernels.attention.entries import VARIANTS
 from dsactl.kernels.attention import triton_sparse_mla as tsm
 from dsactl.verify.rules import check
 
 needs_nvcc = pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
 on_sm90 = pytest.mark.skipif(not (torch.cuda.is_available() and torch.cuda.get_device_capability() == (9, 0)),
                              reason="the Hopper kernel runs on compute capability 9.0 only")
-SERVED = ("", "_lsee", "_fp8kv", "_fp8kv_lsee")
+SERVED = tuple(v.suffix for v in VARIANTS)  # every variant
 SMEM_LIMIT = 227 * 1024  # sm_90's per-block opt-in shared memory
 # ptxas remarks that would make the kernel slow without failing: wgmma serialized (C7514/C7515)
 # or setmaxnreg ignored (C7508).
@@ -123,11 +124,12 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
 
     def call(heads=64, topk=2048, splits=1, num_tokens=1, q_stride=576, kv_a=fake, parts=(fake,) * 4,
              in_cluster=0, cache_tokens=4096, bad_count=fake, scale_log2=1.0,
-             kv_format=hopper_mla.KV_BF16, kv_b=fake, kv_a_stride=512):
+             kv_format=hopper_mla.KV_BF16, kv_b=fake, kv_a_stride=512, topk_length=None, tokens_per_length=1):
         return lib.dsa_hopper_mla_decode(fake, q_stride * heads, q_stride, fake, q_stride * heads, q_stride,
                                          kv_format, kv_a, kv_a_stride, kv_b, 64, fake, topk, num_tokens, heads, topk,
                                          splits, in_cluster, scale_log2, 1.0, fake, 512 * heads, 512,
-                                         fake, heads, 1, *parts, cache_tokens, bad_count, None)
+                                         fake, heads, 1, *parts, cache_tokens, bad_count, None, None, topk_length,
+                                         tokens_per_length, float("-inf"), None)
 
     bad_shape, bad_alignment, null, bad_cluster, bad_scale, bad_format = -1, -2, -3, -5, -7, -8
     assert call(kv_format=3) == bad_format and call(kv_format=-1) == bad_format
@@ -139,7 +141,11 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     assert call(kv_format=staged, kv_b=fake + 2) == bad_alignment
     assert call(kv_format=staged, kv_a=fake + 8) == bad_alignment
     assert call(heads=8) == bad_shape and call(heads=48) == bad_shape and call(heads=96) == bad_shape
-    assert call(topk=100) == bad_shape and call(topk=4096) == bad_shape and call(topk=0) == bad_shape
+    assert call(topk=100) == bad_shape and call(topk=16384 + 64) == bad_shape and call(topk=0) == bad_shape
+    assert call(topk=16384, num_tokens=0) == 0
+    # A row length a request: at least one token a request.
+    assert call(topk_length=fake, tokens_per_length=0) == bad_shape
+    assert call(topk_length=fake, tokens_per_length=2, num_tokens=0) == 0
     assert call(splits=0) == bad_shape and call(splits=hopper_mla.MAX_SPLITS + 1) == bad_shape
     assert call(num_tokens=-1) == bad_shape and call(cache_tokens=-1) == bad_shape
     assert call(num_tokens=65536) == bad_shape
@@ -194,10 +200,20 @@ def test_launcher_rejects_malformed_inputs_with_clear_messages():
             _cpu_call(definition, change)
     with pytest.raises(KernelError, match="pass either kv_cache"):
         _cpu_call(definition, {}, kv_cache=torch.zeros(4, 64, 656, dtype=torch.int8))
-    with pytest.raises(KernelError, match="topk_length .* use the Triton kernel"):
-        _cpu_call(definition, {}, topk_length=torch.zeros(2, dtype=torch.int32))
-    with pytest.raises(KernelError, match="attn_sink .* use the Triton kernel"):
-        _cpu_call(definition, {}, attn_sink=torch.zeros(64))
+    with pytest.raises(KernelError, match="topk_length has shape"):
+        _cpu_call(definition, {}, topk_length=torch.zeros(3, dtype=torch.int32))
+    with pytest.raises(KernelError, match="attn_sink has shape"):
+        _cpu_call(definition, {}, attn_sink=torch.zeros(32))
+    with pytest.raises(KernelError, match="max_logits must have lse's strides"):
+        _cpu_call(definition, {}, max_logits=torch.zeros(2, 128)[:, :64])
+    # Requests of 2 tokens: q and ids must view as tokens (a view that does not is the Triton kernel's).
+    requests = {"q_nope": inputs["q_nope"].view(1, 2, 64, 512), "q_pe": inputs["q_pe"].view(1, 2, 64, 64),
+                "sparse_indices": inputs["sparse_indices"].view(1, 2, 128)}
+    with pytest.raises(KernelError, match="needs CUDA tensors"):
+        _cpu_call(definition, requests, topk_length=torch.zeros(1, dtype=torch.int32))
+    padded = torch.zeros(5, 2, 65, 576, dtype=torch.bfloat16)[:, :, :64]  # pages of 64 tokens, 65 rows apart
+    with pytest.raises(KernelError, match="token ids are rows"):
+        _cpu_call(definition, {"ckv_cache": padded[..., :512].flatten(0, 1), "kpe_cache": padded[..., 512:].flatten(0, 1)})
     fp8 = definition_name(128, 64, "_fp8kv")
     with pytest.raises(KernelError, match="kv_cache tokens must be 656 contiguous bytes"):
         _cpu_call(fp8, {"kv_cache": case_inputs(fp8, 2, 40, "cpu")["kv_cache"].transpose(0, 1)})
@@ -241,6 +257,11 @@ def test_split_choice_fills_the_gpu_without_splitting_full_grids():
             assert hopper_mla.num_splits_for(num_tokens, heads, 2048, sms) == 1
     assert hopper_mla.num_splits_for(1, 128, 2048, sms) == 32
     assert hopper_mla.num_splits_for(8, 128, 2048, sms) == 8
+    # Rows up to 16384 ids: within the kernel's split limit (the Triton kernel's share of a row does not
+    # bound it), and a full grid stays unsplit.
+    for topk in (4096, 16384):
+        assert hopper_mla.num_splits_for(1, 64, topk, sms) == hopper_mla.MAX_SPLITS
+        assert hopper_mla.num_splits_for(592, 128, topk, sms) == 1
     # Where the partials' cost decides (PARTIAL_TILES): 64 CTAs of 2 blocks, not 128 of one (H200: 14.2
     # against 17.1 us at h128 T=2, 14.1 against 17.1 at h64 T=4).
     assert hopper_mla.num_splits_for(2, 128, 2048, sms) == 16
@@ -371,6 +392,44 @@ def test_gpu_matches_reference(heads, num_tokens, suffix):
     assert_matches_reference(definition, inputs, outputs)
     empty = [t for t, n in enumerate(valid) if n == 0]
     assert bool((outputs["output"][empty] == 0).all()) and bool((outputs["lse"][empty] == float("-inf")).all())
+
+
+@pytest.mark.gpu
+@on_sm90
+@pytest.mark.parametrize("heads", hopper_mla.HEADS)
+@pytest.mark.parametrize("fp8kv", [False, True])
+@pytest.mark.parametrize("num_splits, in_cluster", [(1, False), (2, True), (3, False), (None, None)])
+def test_gpu_flashmla_conventions_on_every_path_that_finishes_a_row(heads, fp8kv, num_splits, in_cluster):
+    """Sinks (finite, +inf, -inf), row lengths from 0 to topk a request of 2 tokens ([B, S] views),
+    max_logits and +inf for empty rows, finished by one split, the cluster merge and the combine: output
+    and lse as the reference, max_logits as the Triton kernel's, empty rows 0, +inf and -inf."""
+    suffix = "_fp8kv_lsee_topklen_sink" if fp8kv else "_lsee_topklen_sink"
+    definition = definition_name(heads, 2048, suffix)
+    inputs = case_inputs(definition, 8, 256, "cuda", seed=heads, pattern="scattered",
+                         valid=(2048, 2048, 700, 700, 0, 0, 2048, 2048))
+    lengths = torch.tensor([2048, 0, 1500, 63], dtype=torch.int32, device="cuda")
+    inputs["topk_length"] = lengths.repeat_interleave(2)  # the reference's: one a token
+    sink = inputs["attn_sink"]
+    sink[::4], sink[1::4] = float("inf"), float("-inf")
+    d = get(definition)
+    outputs = poisoned_outputs(definition, inputs)
+    max_logits = torch.full_like(outputs["lse"], float("nan"))
+    requests = {name: inputs[name].view(4, 2, *inputs[name].shape[1:]) for name in ("q_nope", "q_pe", "sparse_indices")}
+    named = {**inputs, **outputs, **requests, "topk_length": lengths}
+    hopper_mla.sparse_mla_attention(**{name: named[name] for name in d.signature}, lse_base_e=True,
+                                    max_logits=max_logits, empty_lse=float("inf"), num_splits=num_splits,
+                                    reduce_in_cluster=in_cluster)
+    empty = outputs["lse"] == float("inf")
+    read = torch.arange(2048, device="cuda")[None, :] < inputs["topk_length"][:, None]
+    no_valid_id = ~((inputs["sparse_indices"] >= 0) & read).any(1)
+    assert bool(no_valid_id[2:4].all()) and torch.equal(empty, no_valid_id[:, None].expand_as(empty))
+    assert bool((outputs["output"][2:4] == 0).all()) and bool((max_logits[2:4] == float("-inf")).all())
+    reference = {**outputs, "lse": torch.where(empty, float("-inf"), outputs["lse"])}
+    assert_matches_reference(definition, inputs, reference)
+    triton_max = torch.full_like(max_logits, float("nan"))
+    tsm.sparse_mla_attention(**{name: named[name] for name in d.signature}, lse_base_e=True,
+                             max_logits=triton_max, empty_lse=float("inf"))
+    torch.testing.assert_close(max_logits, triton_max, atol=1e-2, rtol=1e-3)
 
 
 @pytest.mark.gpu
@@ -580,13 +639,20 @@ def test_dispatch_reads_the_facts_of_a_call_from_its_tensors(monkeypatch):
     q = torch.randn(2, 64, 513).bfloat16()[..., 1:]
     assert not hopper_mla.fits(q, call["q_pe"], call["sparse_indices"], call["output"],
                                call["ckv_cache"], call["kpe_cache"])
+    # Requests ([B, S, ...]) that view as tokens fit; interleaved ones would need a copy.
+    ids = call["sparse_indices"]
+    caches = (call["ckv_cache"], call["kpe_cache"])
+    q = torch.randn(2, 2, 64, 576).bfloat16()
+    assert hopper_mla.fits(q[..., :512], q[..., 512:], ids.repeat(2, 1).view(2, 2, -1), call["output"], *caches)
+    q = q.transpose(0, 1)
+    assert not hopper_mla.fits(q[..., :512], q[..., 512:], ids.repeat(2, 1).view(2, 2, -1), call["output"], *caches)
     assert solution.implementation_for(**call, implementation="hopper") == dispatch.HOPPER
     monkeypatch.setenv(dispatch.ATTENTION_KERNEL_ENV, "hopper")
     assert solution.implementation_for(**call) == dispatch.HOPPER
 
 
 def test_dispatch_is_a_pure_function_of_the_call():
-    served = dict(fp8kv=False, num_tokens=8, topk_length=False, sink=False, fits={dispatch.HOPPER})
+    served = dict(fp8kv=False, num_tokens=8, fits={dispatch.HOPPER})
     assert dispatch.implementation_for(64, (9, 0), **served) == dispatch.HOPPER
     assert dispatch.implementation_for(128, (9, 0), **served, requested="triton") == dispatch.TRITON
     # Under 64 heads, from HOPPER_MIN_TOKENS per (heads, FP8 KV) up to HOPPER_MAX_TOKENS; 16 heads bf16 never.
@@ -611,7 +677,6 @@ def test_dispatch_is_a_pure_function_of_the_call():
                     assert (got == dispatch.HOPPER) == (least <= num_tokens <= most), (heads, fp8kv, num_tokens)
     assert dispatch.implementation_for(64, None, **served) == dispatch.TRITON
     assert dispatch.implementation_for(64, (9, 0), **{**served, "fits": set()}) == dispatch.TRITON
-    assert dispatch.implementation_for(64, (9, 0), **{**served, "sink": True}) == dispatch.TRITON
     with pytest.raises(KernelError, match="unknown implementation 'cutlass'"):
         dispatch.implementation_for(64, (9, 0), **served, requested="cutlass")
     assert {row.implementation for row in dispatch.TABLE} == set(dispatch.IMPLEMENTATIONS)

@@ -269,17 +269,14 @@ def test_entries_take_the_served_definitions_signatures():
 def test_dispatch_sends_small_head_fp8_calls_from_the_token_threshold_to_the_mma_kernel():
     for heads in dispatch.MMA_HEADS:
         least = dispatch.MMA_MIN_TOKENS[heads]
-        at = dict(fp8kv=True, num_tokens=least, topk_length=False, sink=False, fits={dispatch.MMA})
-        for topk_length in (False, True):
-            for sink in (False, True):  # every variant
-                for num_tokens in (least, 4 * least, mma_mla.MAX_TOKENS):
-                    facts = dict(at, num_tokens=num_tokens, topk_length=topk_length, sink=sink)
-                    assert dispatch.implementation_for(heads, (9, 0), **facts) == dispatch.MMA
+        at = dict(fp8kv=True, num_tokens=least, fits={dispatch.MMA})
+        for num_tokens in (least, 4 * least, mma_mla.MAX_TOKENS):
+            assert dispatch.implementation_for(heads, (9, 0), **dict(at, num_tokens=num_tokens)) == dispatch.MMA
         assert dispatch.implementation_for(heads, (9, 0), **{**at, "num_tokens": least - 1}) == dispatch.TRITON
         assert dispatch.implementation_for(heads, (9, 0), **{**at, "fp8kv": False}) == dispatch.TRITON
         assert dispatch.implementation_for(heads, None, **at) == dispatch.TRITON  # off a GPU
         assert dispatch.implementation_for(heads, (9, 0), **{**at, "fits": set()}) == dispatch.TRITON
-        # Where the Hopper kernel serves (its token range, without topk_length or a sink), it goes first.
+        # Where the Hopper kernel serves (its token range), it goes first.
         hopper = (dispatch.HOPPER if dispatch.HOPPER_MIN_TOKENS.get((heads, True), least + 1) <= least
                   <= dispatch.HOPPER_MAX_TOKENS.get((heads, True), least) else dispatch.TRITON)
         assert dispatch.implementation_for(heads, (9, 0), **{**at, "fits": {dispatch.HOPPER}}) == hopper
@@ -566,5 +563,8 @@ def test_gpu_solution_runs_the_mma_kernel_at_16_heads_from_8_tokens(monkeypatch)
     assert_matches_reference(definition, inputs, outputs)
 
 
-def test_the_cuda_kernels_topk_limit_is_the_one_the_solutions_plan_with():
-    assert mma_mla.MAX_TOPK == hopper_mla.MAX_TOPK == dispatch.CUDA_MAX_TOPK
+def test_the_cuda_kernels_topk_limits_are_the_ones_the_solutions_plan_with():
+    from dsactl.definitions import attention
+
+    assert mma_mla.MAX_TOPK == dispatch.MMA_MAX_TOPK
+    assert hopper_mla.MAX_TOPK == dispatch.HOPPER_MAX_TOPK == attention.MAX_TOPK

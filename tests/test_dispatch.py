@@ -44,7 +44,7 @@ ROWS = list(_rows())
 
 def _pick(heads: int, fp8: bool, tokens: int) -> str:
     return dispatch.implementation_for(heads, dispatch.HOPPER_CAPABILITY, fp8kv=fp8, num_tokens=tokens,
-                                       topk_length=False, sink=False, fits={dispatch.HOPPER, dispatch.MMA})
+                                       fits={dispatch.HOPPER, dispatch.MMA})
 
 
 @pytest.mark.skipif(not MEASURED, reason="no profiles/<gpu>/dispatch.csv yet: bash profiles/reproduce.sh dispatch")

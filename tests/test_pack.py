@@ -56,12 +56,12 @@ EXPECTED_FILES = {
         "kernels/fp8.py", "kernels/topk/launcher.py", *TOPK_CUDA],
     ("torch-topk", TOPK): ["kernels/__init__.py", "kernels/bad_index.py", "kernels/errors.py", "kernels/fp8.py",
                            "kernels/topk/torch_baseline.py"],
-    # The contest's 16 heads: the Hopper kernel never serves them, so no CUDA and no dispatch.
+    # The contest's 16 heads with bf16 KV, every variant: no CUDA kernel serves them, so no CUDA and no dispatch.
     ("dsactl-attention", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"): [
         "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/triton_entries.py",
         "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py", "kernels/errors.py", "kernels/fp8.py",
         "kernels/launch_math.py", "kernels/triton_options.py", "kernels/tuned.py", ATTENTION_TABLE],
-    ("dsactl-attention-fp8kv-topklen", "dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64_fp8kv_topklen"): [
+    ("dsactl-attention-topklen-sink", "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64_topklen_sink"): [
         "kernels/__init__.py", "kernels/attention/entries.py", "kernels/attention/triton_entries.py",
         "kernels/attention/triton_sparse_mla.py", "kernels/bad_index.py", "kernels/errors.py", "kernels/fp8.py",
         "kernels/launch_math.py", "kernels/triton_options.py", "kernels/tuned.py", ATTENTION_TABLE],

@@ -96,7 +96,7 @@ def _profile_folders() -> dict[str, list[Path]]:
 
 # A GPU's folder holds every reproduce.sh area's current results (CSVs, their charts, the Nsight tables): small
 # enough that the repository stays a quick clone.
-PROFILE_BYTES = 7 * 2**19
+PROFILE_BYTES = 4 * 2**20
 
 
 def test_profiles_hold_current_results_only():

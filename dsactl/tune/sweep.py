@@ -62,7 +62,6 @@ def _implementation(w: Workload, capability: tuple[int, int] | None) -> str:
     if "fp8kv" not in p:  # not an attention definition
         return dispatch.TRITON
     return dispatch.implementation_for(p["heads"], capability, fp8kv=p["fp8kv"], num_tokens=w.axes["num_tokens"],
-                                       topk_length=p["has_topk_length"], sink=p["has_sink"],
                                        fits={dispatch.HOPPER, dispatch.MMA} if capability else set())
 
 

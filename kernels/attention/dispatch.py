@@ -2,12 +2,14 @@
 table of it that `dsactl list` prints.
 
 On sm_90 GPUs two CUDA kernels serve the shapes they were built for, each within its limits:
-- the Hopper kernel (hopper_mla.cu) without topk_length or a sink (topk a multiple of 64 up to 2048, at
-  most 65535 tokens, 16-byte aligned rows), from HOPPER_MIN_TOKENS query tokens per (heads, KV format) up to
-  HOPPER_MAX_TOKENS; below 64 heads it computes a whole 64-row tile, and serves 16 and 32 heads where that
-  still wins;
-- the small-head kernel (mma_mla.cu) at 16 and 32 heads with FP8 KV, every variant, from MMA_MIN_TOKENS query
-  tokens (below them the Triton kernel's shorter launch wins), where the Hopper kernel does not serve.
+- the Hopper kernel (hopper_mla.cu), every variant (topk a multiple of 64 up to HOPPER_MAX_TOPK, token ids
+  that are rows, at most 65535 tokens, 16-byte aligned rows), from HOPPER_MIN_TOKENS query tokens per (heads,
+  KV format) up to HOPPER_MAX_TOKENS; below 64 heads it computes a whole 64-row tile, and serves 16 and 32
+  heads where that still wins. A sink or topk_length changes only its epilogue and row lengths, so the
+  thresholds measured without them hold;
+- the small-head kernel (mma_mla.cu) at 16 and 32 heads with FP8 KV, every variant (topk up to MMA_MAX_TOPK),
+  from MMA_MIN_TOKENS query tokens (below them the Triton kernel's shorter launch wins), where the Hopper
+  kernel does not serve.
 The thresholds are where each kernel measured fastest (profiles/h100-80gb-hbm3/dispatch.csv, from `bash
 profiles/reproduce.sh dispatch`, which times every head count x 1-128 tokens x KV format with each kernel
 forced; docs/design.md, "Measured choices"; tests/test_dispatch.py holds the dispatch to every such CSV).
@@ -45,9 +47,11 @@ def hopper_heads(fp8kv: bool) -> tuple[int, ...]:
     return tuple(h for h in HOPPER_HEADS if (h, fp8kv) in HOPPER_MIN_TOKENS)
 
 
-# Both CUDA kernels stage a split's ids in shared memory: rows of more ids are the Triton kernel's (hopper_mla and
-# mma_mla's MAX_TOPK; mma_mla keeps its own, so that its bundles carry no dispatch).
-CUDA_MAX_TOPK = 2048
+# The Hopper kernel reads its ids from global memory as it gathers: any row length up to FlashMLA's largest.
+HOPPER_MAX_TOPK = 16384
+# The small-head kernel stages a split's ids in shared memory: rows of more ids are another kernel's (mma_mla's
+# MAX_TOPK; mma_mla keeps its own, so that its bundles carry no dispatch).
+MMA_MAX_TOPK = 2048
 
 MMA_CAPABILITY = (9, 0)  # where it was measured against the Triton kernel (it runs on sm_90 and sm_100)
 MMA_HEADS = (16, 32)
@@ -67,7 +71,7 @@ class Row:
 TABLE = (
     Row(HOPPER, "kernels/attention/hopper_mla.cu (CUDA)", "sm_90", "16, 32, 64, 128",
         "bf16 or FP8 KV (32 heads from 4 tokens; 16 heads FP8 only, 16-32 tokens; prefill-sized FP8 calls stage "
-        "the cache as fp16 rows), LSE base 2 or e, no topk_length or sink; topk a multiple of 64 up to 2048, at "
+        "the cache as fp16 rows), every variant; topk a multiple of 64 up to 16384, token ids that are rows, at "
         "most 65535 tokens, 16-byte aligned rows"),
     Row(MMA, "kernels/attention/mma_mla.cu (CUDA)", "sm_90", "16, 32",
         f"FP8 KV, every call the row above does not take, from {MMA_MIN_TOKENS[16]} tokens at 16 heads and "
@@ -78,7 +82,7 @@ TABLE = (
 
 
 def implementation_for(heads: int, capability: tuple[int, int] | None, *, fp8kv: bool, num_tokens: int,
-                       topk_length: bool, sink: bool, fits: Collection[str], requested: str | None = None) -> str:
+                       fits: Collection[str], requested: str | None = None) -> str:
     """One of IMPLEMENTATIONS for a call (module docstring); capability is None off a CUDA GPU, fits
     names the CUDA kernels whose limits and alignment the call's tensors meet."""
     if requested is not None:
@@ -88,8 +92,7 @@ def implementation_for(heads: int, capability: tuple[int, int] | None, *, fp8kv:
         return requested
     least = HOPPER_MIN_TOKENS.get((heads, fp8kv))
     if (capability == HOPPER_CAPABILITY and least is not None and least <= num_tokens
-            and num_tokens <= HOPPER_MAX_TOKENS.get((heads, fp8kv), num_tokens) and not topk_length and not sink
-            and HOPPER in fits):
+            and num_tokens <= HOPPER_MAX_TOKENS.get((heads, fp8kv), num_tokens) and HOPPER in fits):
         return HOPPER
     if (capability == MMA_CAPABILITY and heads in MMA_HEADS and fp8kv and num_tokens >= MMA_MIN_TOKENS[heads]
             and MMA in fits):

@@ -14,17 +14,21 @@
 //     FP8 staged: that cache dequantized ahead of the kernel into fp16 rows of 576 (ckv then rope; row
 //           stride a multiple of 8 elements, 16-byte aligned base), each token scaled down by 2^-shift as
 //           the FP8 path scales it (below), and the fp32 factors 2^shift [tokens] (produce_rows).
-//   indices [T, topk] int32 physical token ids, topk a multiple of 64 in [64, 2048]; any negative
+//   indices [T, topk] int32 physical token ids, topk a multiple of 64 in [64, 16384]; any negative
 //     id (the contract's -1) is masked anywhere in the row: score -inf, row never dereferenced.
+//     Optional topk_length [T / tokens_per_length] int32: token t's row ends at
+//     topk_length[t / tokens_per_length] (clamped to [0, topk]); the positions past it are masked.
 //   Split s of S takes the row positions s, s + S, s + 2S, ... (as the Triton kernel, so the
 //     partials feed its combine kernel unchanged).
 //   S == 1: output [T, H, 512] bf16 = softmax(sm_scale * q.k) . ckv and lse [T, H] fp32
-//     (lse_scale 1: base 2; 1/log2(e): base e); a row with no valid id gives 0 and -inf.
+//     (lse_scale 1: base 2; 1/log2(e): base e); a row with no valid id gives 0 and empty_lse. Optional
+//     attn_sink [H] fp32 scales a row's output by 1 / (1 + exp(sink[h] - lse_e)), lse unchanged; optional
+//     max_logits [T, H] fp32 (lse's strides) gets the row's largest sm_scale * q.k (-inf when empty).
 //   S > 1: partials, row (t * S + s) * H + h: part_acc [., 512] fp16, the unnormalized output times
 //     2^-k, one k per 256 columns, and part_scale [., 2] fp32 those 2^k; part_m [.] running max and
-//     part_l [.] running sum of the log2-domain logits (empty: -inf, 0), fp32; or, with
-//     reduce_in_cluster and S == 2, the output and lse as with S == 1, the two splits of a (token, head
-//     group) merged in a 2-CTA cluster (no partials).
+//     part_l [.] running sum of the log2-domain logits (empty: -inf, 0), fp32, which the combine kernel
+//     finalizes (sink, max_logits and empty_lse there); or, with reduce_in_cluster and S == 2, everything
+//     as with S == 1, the two splits of a (token, head group) merged in a 2-CTA cluster (no partials).
 //
 // CTA = one token x one group of 64 heads x one split; 3 warpgroups (384 threads). FP8 KV with 128
 // heads: the two head-group CTAs of a (token, split) form a 2-CTA cluster sharing one gather (below).
@@ -107,7 +111,7 @@ namespace {
 constexpr int kCkvDim = 512;
 constexpr int kKpeDim = 64;
 constexpr int kQkDim = kCkvDim + kKpeDim;  // 576
-constexpr int kMaxTopk = 2048;             // the operator's largest topk
+constexpr int kMaxTopk = 16384;            // the operator's largest topk (FlashMLA's tests' largest)
 constexpr int kMaxSplits = 32;             // a 64-token block a split; the combine's limit for fp16 partials
 constexpr int kMaxTokens = 65535;          // tokens are the grid's z dimension
 constexpr int kHeadsPerCta = 64;           // wgmma M: one warpgroup's accumulator rows
@@ -251,6 +255,12 @@ struct Params {
   uint32_t cache_tokens;
   int* bad_index_count;
   float* part_scale;  // 2^k of each partial half row (write_result)
+  // FlashMLA's conventions (null: none): per-head sink, per-row largest logit, per-request row lengths.
+  const float* attn_sink;
+  float* max_logits;
+  const int* topk_length;
+  int tokens_per_length;  // query tokens a topk_length entry covers (a request's)
+  float empty_lse;        // the lse of a row with no valid id
 };
 
 // bf16 with Q by TMA: q_nope and q_pe as [tokens][heads][512 | 64] tensor maps, 64 x 64 boxes, 128-byte
@@ -330,6 +340,17 @@ __device__ __forceinline__ uint32_t swizzled(int row, int piece) {
 struct Work {
   int t, group, split, n_mine, num_blocks;
 };
+
+// The positions of token t's row that are read: topk, or its request's topk_length clamped to [0, topk].
+__device__ __forceinline__ int row_length(const Params& p, int t) {
+  return p.topk_length == nullptr ? p.topk
+                                  : min(max(__ldg(p.topk_length + t / p.tokens_per_length), 0), p.topk);
+}
+
+// How many of them split s of S owns: s, s + S, ... below n (>= 0, as s < S).
+__device__ __forceinline__ int split_share(const Params& p, int n, int split) {
+  return (n - split + p.num_splits - 1) / p.num_splits;
+}
 
 // Where the id at position j of this CTA's split s of S lies: row position s + j * S.
 __device__ __forceinline__ const int* split_id_ptr(const Params& p, const Work& w, int j) {
@@ -831,10 +852,29 @@ __device__ __forceinline__ int partial_exponent(float amax) {
   return amax > 0.f ? min(max(e - kPartialTopExponent, kMinPartialExponent), kMaxPartialExponent) : 0;
 }
 
+constexpr float kLog2e = 1.4426950408889634f;
+
+// 1 / (l + sink term) of a whole row with log2-domain max m and sum l: the output's normalization, the
+// sink's exp(sink - lse_e) = 2^(sink log2(e) - m) / l folded in; 0 for an empty row (l = 0), whose
+// output stays 0 whatever the sink (a -inf sink would make its term NaN).
+__device__ __forceinline__ float row_normalizer(const Params& p, int head, float m, float l) {
+  if (l == 0.f) return 0.f;
+  const float sink = p.attn_sink == nullptr ? 0.f : exp2f(fmaf(__ldg(p.attn_sink + head), kLog2e, -m));
+  return 1.f / (l + sink);
+}
+
+// A finished row's lse and (max_logits) largest logit, by one thread of the row.
+__device__ __forceinline__ void write_row_stats(const Params& p, int t, int head, float m, float l) {
+  const long long at = t * p.lse_stride_t + head * p.lse_stride_h;
+  p.lse[at] = l == 0.f ? p.empty_lse : (m + log2f(l)) * p.lse_scale;
+  if (p.max_logits != nullptr) p.max_logits[at] = l == 0.f ? -INFINITY : m / kLog2e;
+}
+
 // Columns 256c .. 256c + 255 of the CTA's 64 rows: the normalized bf16 output with one split, else the
 // partial, staged in fp32 through `staging` (kStageBytes of shared memory no one reads or writes any
 // more, 2^-k in each row's padding) and stored as fp16 times 2^-k per half row (consumer), 16 bytes (8
-// columns) a thread, with 2^k in part_scale; with_stats: also the lse (or the partial's max and sum).
+// columns) a thread, with 2^k in part_scale; with_stats: also the lse and max_logits (or the partial's
+// max and sum). m_run: the rows' maxima (with one split the sink's normalization needs them).
 // Reduced in the cluster, the partial is only staged (its row maxima and sums are in shared memory
 // already): reduce_cluster reads it there.
 __device__ __forceinline__ void write_result(const Params& p, const Work& w, const Rows& rows, const float (&o)[kORegs],
@@ -846,18 +886,14 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
     for (int i = 0; i < 2; ++i) {
       if (!live_row(p, w, rows.r[i])) continue;
       const int head = w.group * kHeadsPerCta + rows.r[i];
-      const bool empty = l_all[i] == 0.f;
-      const float inv = empty ? 0.f : 1.f / l_all[i];
+      const float inv = row_normalizer(p, head, m_run[i], l_all[i]);
       __nv_bfloat16* out = p.out + w.t * p.out_stride_t + head * p.out_stride_h + col0;
 #pragma unroll
       for (int n = 0; n < kColsPerConsumer / 8; ++n) {
         *reinterpret_cast<__nv_bfloat162*>(out + 8 * n) =
             __floats2bfloat162_rn(o[4 * n + 2 * i] * inv, o[4 * n + 2 * i + 1] * inv);
       }
-      if (with_stats && rows.quad == 0) {
-        p.lse[w.t * p.lse_stride_t + head * p.lse_stride_h] =
-            empty ? -INFINITY : (m_run[i] + log2f(l_all[i])) * p.lse_scale;
-      }
+      if (with_stats && rows.quad == 0) write_row_stats(p, w.t, head, m_run[i], l_all[i]);
     }
     return;
   }
@@ -946,8 +982,8 @@ __device__ __forceinline__ void reduce_cluster(const Params& p, const Smem& sm, 
 #pragma unroll
   for (int s = 0; s < kSplits; ++s) peer[s] = mapa_shared(sm.base, s);
 
-  // The row's weights w_s / l, l = sum_s w_s l_s, w_s = 2^(m_s - max m); exponents against a finite
-  // reference, and an empty row (l = 0) gets weights 0 (output 0, lse -inf).
+  // The row's weights w_s / l, l = sum_s w_s l_s, w_s = 2^(m_s - max m) (the sink's term added to l);
+  // exponents against a finite reference, and an empty row (l = 0) gets weights 0 (output 0).
   float m[kSplits], weight[kSplits];
   float m_all = -INFINITY;
 #pragma unroll
@@ -963,14 +999,12 @@ __device__ __forceinline__ void reduce_cluster(const Params& p, const Smem& sm, 
     m[s] = exp2f(m[s] - ref);
     l_all += m[s] * weight[s];
   }
-  const float inv = l_all == 0.f ? 0.f : 1.f / l_all;
-#pragma unroll
-  for (int s = 0; s < kSplits; ++s) weight[s] = m[s] * inv;
   if (!live_row(p, w, row)) return;
   const int head = w.group * kHeadsPerCta + row;
-  if (rank == 0 && ct % kMergeThreadsPerRow == 0) {
-    p.lse[w.t * p.lse_stride_t + head * p.lse_stride_h] = l_all == 0.f ? -INFINITY : (m_all + log2f(l_all)) * p.lse_scale;
-  }
+  const float inv = row_normalizer(p, head, m_all, l_all);
+#pragma unroll
+  for (int s = 0; s < kSplits; ++s) weight[s] = m[s] * inv;
+  if (rank == 0 && ct % kMergeThreadsPerRow == 0) write_row_stats(p, w.t, head, m_all, l_all);
 
   // Piece k of this thread: rank's share, then k * 4 + this thread's place in the row, so a warp's
   // 8 rows are each read and written as runs of 4 neighboring pieces.
@@ -1188,7 +1222,7 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
     l_all[i] += __shfl_xor_sync(0xFFFFFFFF, l_all[i], 2);
     if (rows.quad == 0) {
       sm.row_sum()[rows.r[i]] = l_all[i];
-      sm.row_max()[rows.r[i]] = m_run[i];  // read only by the cluster merge
+      sm.row_max()[rows.r[i]] = m_run[i];  // read by consumer 1 (the sink) and the cluster merge
     }
   }
   named_barrier_arrive(kBarStatsReady, kConsumerThreads);
@@ -1236,13 +1270,15 @@ __device__ void consume_pv(const Params& p, const Smem& sm, const Work& w, uint3
   }
 
   named_barrier_sync(kBarStatsReady, kConsumerThreads);
-  float l_all[2];
+  float l_all[2], m_all[2];
 #pragma unroll
-  for (int i = 0; i < 2; ++i) l_all[i] = sm.row_sum()[rows.r[i]];
-  const float unused_m[2] = {0.f, 0.f};
+  for (int i = 0; i < 2; ++i) {
+    l_all[i] = sm.row_sum()[rows.r[i]];
+    m_all[i] = sm.row_max()[rows.r[i]];
+  }
   // Staged in the Q tile: consumer 0's last S (its only reader) completed before the last P it
   // passed this warpgroup (kBarPReady).
-  write_result(p, w, rows, o, 1, l_all, unused_m, false, staged_partial(sm.base, 1, w.num_blocks));
+  write_result(p, w, rows, o, 1, l_all, m_all, false, staged_partial(sm.base, 1, w.num_blocks));
   merge_in_cluster(p, sm, w, true);
 }
 
@@ -1375,7 +1411,10 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   w.group = blockIdx.x;
   w.split = blockIdx.y;
   w.t = blockIdx.z;
-  w.n_mine = (p.topk - w.split + p.num_splits - 1) / p.num_splits;  // >= 0: split < num_splits <= topk
+  // Every role runs the blocks of the split's whole share of the row, whose bounds come from the launch's
+  // constants (read from topk_length, they took registers the FP8 consumers' Q load does not have: it
+  // spilled); topk_length only shortens what the producer reads (below), the rest masked.
+  w.n_mine = split_share(p, p.topk, w.split);
   w.num_blocks = (w.n_mine + kBlockTokens - 1) / kBlockTokens;
 
   if (threadIdx.x == 0) {
@@ -1416,6 +1455,9 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   const int warpgroup = threadIdx.x / kWarpgroupThreads;
   if (warpgroup == 0) {
     setmaxnreg_dec<Regs<kFp8>::kProducer>();
+    // The prefetching producer reads whole rows: with the row length's code it spilled (the launcher sends
+    // calls with topk_length to the plain FP8 producer).
+    if constexpr (!kL2Prefetch) w.n_mine = split_share(p, row_length(p, w.t), w.split);
     if constexpr (kFp8 && !kStaged) {
       produce_fp8<kPeers, kL2Prefetch>(p, sm, w, rank, peer_delta);
     } else {
@@ -1561,11 +1603,13 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                           float lse_scale, void* out, long long out_stride_t, long long out_stride_h, float* lse,
                           long long lse_stride_t, long long lse_stride_h,
                           void* part_acc, float* part_m, float* part_l, float* part_scale, long long cache_tokens,
-                          int* bad_index_count, cudaStream_t stream) {
+                          int* bad_index_count, const float* attn_sink, float* max_logits, const int* topk_length,
+                          int tokens_per_length, float empty_lse, cudaStream_t stream) {
   if (kv_format != kKvBf16 && kv_format != kKvFp8 && kv_format != kKvStaged) return kBadKvFormat;
   if (heads != 16 && heads != 32 && heads != 64 && heads != 128) return kBadShape;
   if (topk < kBlockTokens || topk > kMaxTopk || topk % kBlockTokens != 0) return kBadShape;
-  if (num_splits < 1 || num_splits > kMaxSplits || num_tokens < 0 || num_tokens > kMaxTokens || cache_tokens < 0) {
+  if (num_splits < 1 || num_splits > kMaxSplits || num_tokens < 0 || num_tokens > kMaxTokens || cache_tokens < 0 ||
+      (topk_length != nullptr && tokens_per_length < 1)) {
     return kBadShape;
   }
   if (num_tokens == 0) return kOk;
@@ -1596,7 +1640,8 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                  kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, reduce_in_cluster != 0,
                  sm_scale_log2, lse_scale, static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse,
                  lse_stride_t, lse_stride_h, static_cast<__half*>(part_acc), part_m, part_l,
-                 static_cast<uint32_t>(std::min(cache_tokens, kMaxCacheTokens)), bad_index_count, part_scale};
+                 static_cast<uint32_t>(std::min(cache_tokens, kMaxCacheTokens)), bad_index_count, part_scale,
+                 attn_sink, max_logits, topk_length, tokens_per_length, empty_lse};
   const int split0_tokens = (topk + num_splits - 1) / num_splits;  // the most any split takes
   if (kv_format == kKvStaged) return launch<true, 1, false, true>(p, num_tokens, stream);
   if (kv_format == kKvBf16) {
@@ -1613,18 +1658,19 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
   const bool cluster = heads == kClusterHeads && split0_tokens > kBlockTokens * (kClusterMinBlocks - 1) &&
                        !reduce_in_cluster;
   if (cluster) return launch<true, 2, false>(p, num_tokens, stream);
-  return split0_tokens >= kL2PrefetchMinTokens ? launch<true, 1, false, false, true>(p, num_tokens, stream)
-                                               : launch<true, 1, false>(p, num_tokens, stream);
+  return split0_tokens >= kL2PrefetchMinTokens && topk_length == nullptr  // the prefetch reads whole rows
+             ? launch<true, 1, false, false, true>(p, num_tokens, stream)
+             : launch<true, 1, false>(p, num_tokens, stream);
 }
 
 const char* dsa_hopper_mla_error_string(int code) {
   switch (code) {
     case kOk: return "ok";
     case kBadShape:
-      static_assert(kBlockTokens == 64 && kMaxTopk == 2048 && kMaxSplits == 32 && kMaxTokens == 65535,
+      static_assert(kBlockTokens == 64 && kMaxTopk == 16384 && kMaxSplits == 32 && kMaxTokens == 65535,
                     "the message below spells these limits out");
-      return "heads must be 16, 32, 64 or 128, topk a multiple of 64 in [64, 2048], num_splits in [1, 32], tokens <= 65535, "
-             "cache_tokens >= 0";
+      return "heads must be 16, 32, 64 or 128, topk a multiple of 64 in [64, 16384], num_splits in [1, 32], "
+             "tokens <= 65535, cache_tokens >= 0, tokens_per_length >= 1 with topk_length";
     case kBadAlignment: return "pointers must be 16-byte aligned and row strides multiples of 8 elements";
     case kNullPointer: return "null device pointer";
     case kUnsupportedArch: return "the Hopper sparse MLA kernel runs only on compute capability 9.0 (sm_90a)";

@@ -4,14 +4,15 @@ merge in the kernel (merges_in_cluster), the Triton combine.
 
 Contract: the sparse attention operator (docs/design.md, Contracts; as triton_sparse_mla.py), for
 the shapes this kernel serves: 16, 32, 64 or 128 heads (a CTA owns 64 heads of one token; below 64 its
-tile's other rows are zero q, never written), topk a multiple
-of 64 up to 2048, bf16 KV (ckv_cache + kpe_cache) or FP8 KV (kv_cache, 656-byte tokens), LSE base 2
-or e, -1 indices anywhere, empty rows (output 0, lse -inf). FP8 KV is dequantized to fp16 and
+tile's other rows are zero q, never written), topk a multiple of 64 up to 16384, bf16 KV (ckv_cache +
+kpe_cache) or FP8 KV (kv_cache, 656-byte tokens) whose token ids are rows, LSE base 2 or e, -1 indices
+anywhere, empty rows (output 0, lse -inf or empty_lse), topk_length, the attention sink and max_logits,
+q in requests ([B, S, H, 512] views that flatten to tokens). FP8 KV is dequantized to fp16 and
 multiplied in fp16 (Q converted once), as bf16 rounding of the dequantized values fails the contest
 tolerance (hopper_mla.cu says why); rows of Q and tokens with values past fp16's range are scaled into
-it by powers of two and scaled back in fp32 (exact), up to token values of 2^31. Not served: topk_length and the
-attention sink (the Triton kernel serves them). Runs only on compute capability 9.0 (sm_90a: wgmma,
-setmaxnreg); any other GPU is refused before the library is loaded.
+it by powers of two and scaled back in fp32 (exact), up to token values of 2^31. Not served: pages whose
+token ids are not rows (padded blocks; the Triton kernel serves them). Runs only on compute capability 9.0
+(sm_90a: wgmma, setmaxnreg); any other GPU is refused before the library is loaded.
 
 Alignment: every tensor's base is 16-byte aligned and every row stride (q, caches, output) a
 multiple of 8 elements, so each 16-byte copy of the kernel is aligned; a view that breaks this is
@@ -50,14 +51,14 @@ from ..tuned import Table, table_path
 from . import fp8_staging
 from . import triton_sparse_mla as tsm
 from .alignment import check_aligned
-from .dispatch import CUDA_MAX_TOPK, HOPPER_CAPABILITY, HOPPER_HEADS
-from .entries import Variant, entries
+from .dispatch import HOPPER_CAPABILITY, HOPPER_HEADS, HOPPER_MAX_TOPK
+from .entries import entries
 
 LIBRARY = "hopper_mla"
 HEADS = HOPPER_HEADS
 HEADS_PER_CTA = 64  # wgmma M: one consumer warpgroup's accumulator rows
 BLOCK_TOKENS = 64  # tokens per shared-memory ring stage
-MAX_TOPK = CUDA_MAX_TOPK
+MAX_TOPK = HOPPER_MAX_TOPK
 CAPABILITY = HOPPER_CAPABILITY
 # The split formula of the Triton kernel, with this kernel's tile: 64 heads x 64 tokens per step,
 # one CTA per SM (its 227 KB of shared memory fill one).
@@ -106,7 +107,8 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, num_sms: int) -> int:
     busiest SM's work, one CTA per SM at a time) with this kernel's 64 x 64 tile and the cost of
     its partials. Two splits merge in a cluster instead (merges_in_cluster), at a cost of their own; the
     term still counts partials there (docs/design.md, "Measured choices")."""
-    return tsm.num_splits_for(num_tokens, heads, topk, TILE, num_sms, PARTIAL_TILES)
+    return tsm.num_splits_for(num_tokens, heads, topk, TILE, num_sms, PARTIAL_TILES, max_splits=MAX_SPLITS,
+                              row_ids_max=MAX_TOPK)
 
 
 # `dsactl tune`'s table (kernels/tuned.py): per GPU and shape bucket, the split count that beat the formula.
@@ -174,6 +176,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         p, i64, i64,  # lse, strides
         p, p, p, p,  # partials: acc, m, l, scale
         i64, p,  # cache_tokens (ids are valid below it), int32 counter of the masked out-of-range ids
+        p, p, p, i32, f32,  # attn_sink, max_logits, topk_length (each null: none), tokens a length, empty rows' lse
         p,  # cudaStream_t
     ]
     lib.dsa_hopper_mla_error_string.restype = ctypes.c_char_p
@@ -191,19 +194,30 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
 def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache, kv_cache, topk_length,
                  attn_sink) -> tuple[int, int, int, bool]:
     """Every check that needs no GPU: (num_tokens, heads, topk, fp8kv), or a KernelInputError."""
-    _check(topk_length is None, "topk_length (_topklen) is not served here: use the Triton kernel")
-    _check(attn_sink is None, "attn_sink (_sink) is not served here: use the Triton kernel")
-    checked = tsm.check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache, kv_cache, None, None,
-                               HEADS, WHO)
+    checked = tsm.check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache, kv_cache, topk_length,
+                               attn_sink, HEADS, WHO)
     _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache)
     return checked
 
 
+def _tokens(t: torch.Tensor, dims: int) -> torch.Tensor | None:
+    """t with dims dims, or a view of its requests ([B, S, ...]) as tokens ([B * S, ...]); None where the
+    requests do not flatten without a copy."""
+    if t.dim() == dims:
+        return t
+    try:
+        return t.view(-1, *t.shape[2:]) if t.dim() == dims + 1 else None
+    except RuntimeError:
+        return None
+
+
 def _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache) -> None:
-    """What this kernel needs beyond the operator's contract (tsm.check_inputs): its token and topk
-    limits and 16-byte alignment. Reads only the leading dims, so it may run before the contract."""
-    _check(q_nope.dim() == 3 and sparse_indices.dim() == 2, "takes [T, H, 512] q and [T, topk] ids (one token "
-                                                             "a request): use the Triton kernel")
+    """What this kernel needs beyond the operator's contract (tsm.check_inputs): q and ids as tokens, its
+    token and topk limits and 16-byte alignment. Reads only the leading dims, so it may run before the
+    contract."""
+    q_nope, q_pe, sparse_indices = _tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)
+    _check(q_nope is not None and q_pe is not None and sparse_indices is not None,
+           "takes q and ids as tokens ([T, H, 512], [T, topk]) or requests that view as tokens: use the Triton kernel")
     _check(tsm.ids_are_rows(ckv_cache, kpe_cache, kv_cache),
            "reads caches whose token ids are rows (evenly strided pages, contiguous FP8 tokens): use the Triton kernel")
     num_tokens, topk = sparse_indices.shape[0], sparse_indices.shape[-1]
@@ -238,21 +252,23 @@ def sparse_mla_attention(
     num_splits: int | None = None, reduce_in_cluster: bool | None = None,
     staged: bool | None = None, check: bool | None = None, count_bad_ids: bool = True,
 ) -> None:
-    """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention;
-    topk_length and attn_sink must be None). num_splits overrides the split formula, reduce_in_cluster
+    """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention; q and
+    ids in requests must view as tokens). num_splits overrides the split formula, reduce_in_cluster
     the choice of merging the splits in a cluster rather than by the combine kernel, staged the choice of
     staging an FP8 cache as fp16 rows first (stages_cache). Ids outside the cache are masked and counted in
     the Triton launcher's counter (bad_index_count); check (default: DSACTL_CHECK=1) refuses them on the
     host first."""
-    _check(max_logits is None and empty_lse == float("-inf"),
-           "max_logits and an empty row's lse other than -inf are not served here: use the Triton kernel")
     num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache,
                                                   kpe_cache, kv_cache, topk_length, attn_sink)
+    if max_logits is not None:
+        tsm.check_max_logits(max_logits, lse, num_tokens, heads, WHO)
     device = q_nope.device
     check_arch(device)
     tokens_in_cache = tsm.cache_tokens(ckv_cache, kv_cache)
     if checking(check):
-        tsm.check_ids_in_cache(sparse_indices, None, tokens_in_cache, WHO)
+        tsm.check_ids_in_cache(sparse_indices, topk_length, tokens_in_cache, WHO)
+    tokens_per_length = q_nope.shape[1] if q_nope.dim() == 4 else 1  # a length a request
+    q_nope, q_pe, sparse_indices = _tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)
     if num_tokens == 0:
         return
     staged = fp8kv and (stages_cache(num_tokens, heads, topk, tokens_in_cache) if staged is None else staged)
@@ -298,19 +314,20 @@ def sparse_mla_attention(
             lse.data_ptr(), lse.stride(0), lse.stride(1),
             *(None if t is None else t.data_ptr() for t in partials),
             tokens_in_cache, tsm.bad_index_tensor(device, count_bad_ids).data_ptr(),
-            torch.cuda.current_stream(device).cuda_stream,
+            *(None if t is None else t.data_ptr() for t in (attn_sink, max_logits, topk_length)),
+            tokens_per_length, empty_lse, torch.cuda.current_stream(device).cuda_stream,
         )
     if code != 0:
         raise KernelError(f"{WHO}: kernel launch failed: {lib.dsa_hopper_mla_error_string(code).decode()} "
                           f"(code {code})")
     if combined:
-        tsm.combine(partials, None, output, lse, lse_scale, heads, splits, num_tokens)
+        tsm.combine(partials, attn_sink, output, lse, lse_scale, heads, splits, num_tokens, max_logits=max_logits,
+                    empty_lse=empty_lse)
 
 
 # One counter for the operator, whichever kernel served the call.
 bad_index_count = tsm.bad_index_count
 reset_bad_index_count = tsm.reset_bad_index_count
 
-# Entries with the definitions' signatures, for the variants served (no _topklen, no _sink).
-SERVED_VARIANTS = tuple(Variant(fp8kv, lse_e) for fp8kv in (False, True) for lse_e in (False, True))
-globals().update(entries(sparse_mla_attention, "sparse_attention", SERVED_VARIANTS))
+# Entries with the definitions' signatures, one per variant.
+globals().update(entries(sparse_mla_attention, "sparse_attention"))

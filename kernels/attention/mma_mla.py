@@ -33,7 +33,7 @@ WHO = "small-head FP8 sparse MLA attention"
 HEADS = (16, 32)
 HEADS_PER_GROUP = 16  # mma.sync M: 4 warps own 16 heads of one token; 32 heads are two groups in one CTA
 BLOCK_TOKENS = 64  # gathered tokens a tile
-MAX_TOPK = 2048  # the ids of a split sit in shared memory (dispatch.CUDA_MAX_TOPK)
+MAX_TOPK = 2048  # the ids of a split sit in shared memory (dispatch.MMA_MAX_TOPK)
 MAX_SPLITS = tsm.MAX_SPLITS  # the combine kernel's limit
 # Up to this many splits merge in a cluster (a portable cluster's CTAs) instead of by the combine kernel:
 # no fp32 partials through memory and no second launch.

@@ -4,8 +4,7 @@ kernel or the Triton kernel.
 
 The entry suffix names the variant: sparse_attention_fp8kv_lsee serves
 dsa_sparse_attention_h*_ckv512_kpe64_topk*_ps64_fp8kv_lsee, and so on. A definition no CUDA kernel ever
-serves (bf16 KV at 16 or 32 heads; topk_length or a sink at 64 or 128) needs only triton_entries.py,
-which imports no CUDA.
+serves (bf16 KV at 16 heads) needs only triton_entries.py, which imports no CUDA.
 """
 
 from __future__ import annotations
@@ -30,29 +29,27 @@ CUDA_LAUNCHERS = {dispatch.HOPPER: hopper_mla, dispatch.MMA: mma_mla}
 
 
 def implementation_for(q_nope, q_pe, sparse_indices, output, lse, *, ckv_cache=None, kpe_cache=None, kv_cache=None,
-                       topk_length=None, attn_sink=None, max_logits=None, empty_lse=float("-inf"),
-                       implementation: str | None = None, **_) -> str:
+                       max_logits=None, empty_lse=float("-inf"), implementation: str | None = None, **_) -> str:
     """One of dispatch.IMPLEMENTATIONS for one call, from its tensors' shapes, layout and device;
-    implementation (else $DSA_ATTENTION_KERNEL) asks for one. Loads nothing. Only the Triton kernel writes
-    max_logits and another lse for rows with no valid id (FlashMLA's conventions)."""
+    implementation (else $DSA_ATTENTION_KERNEL) asks for one. Loads nothing. The small-head kernel writes
+    neither max_logits nor another lse for rows with no valid id (FlashMLA's conventions)."""
     device = q_nope.device
     on_gpu = device.type == "cuda"
     capability = tuple(torch.cuda.get_device_capability(device)) if on_gpu else None
-    heads = q_nope.shape[1] if q_nope.dim() == 3 else 0
-    num_tokens = sparse_indices.shape[0] if sparse_indices.dim() == 2 else 0
+    heads = q_nope.shape[-2] if q_nope.dim() >= 3 else 0
+    num_tokens = sparse_indices.numel() // max(1, sparse_indices.shape[-1]) if sparse_indices.dim() >= 2 else 0
     has_kv = kv_cache is not None or (ckv_cache is not None and kpe_cache is not None)
     # The limits are read only where they can matter; a call without its KV is the contract check's to refuse.
     fits = set()
-    cuda_outputs = max_logits is None and empty_lse == float("-inf")
-    if on_gpu and cuda_outputs and has_kv and heads in dispatch.HOPPER_HEADS and hopper_mla.fits(
+    if on_gpu and has_kv and heads in dispatch.HOPPER_HEADS and hopper_mla.fits(
             q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache):
         fits.add(dispatch.HOPPER)
-    if on_gpu and cuda_outputs and heads in dispatch.MMA_HEADS and mma_mla.fits(q_nope, q_pe, sparse_indices, output,
-                                                                                 kv_cache):
+    mma_outputs = max_logits is None and empty_lse == float("-inf")
+    if on_gpu and mma_outputs and heads in dispatch.MMA_HEADS and mma_mla.fits(q_nope, q_pe, sparse_indices, output,
+                                                                                kv_cache):
         fits.add(dispatch.MMA)
     return dispatch.implementation_for(
-        heads, capability, fp8kv=kv_cache is not None, num_tokens=num_tokens, topk_length=topk_length is not None,
-        sink=attn_sink is not None, fits=fits,
+        heads, capability, fp8kv=kv_cache is not None, num_tokens=num_tokens, fits=fits,
         requested=implementation or os.environ.get(dispatch.ATTENTION_KERNEL_ENV) or None)
 
 

@@ -702,7 +702,7 @@ PROGRAM_OVERHEAD_TILES = 1
 
 @functools.lru_cache(maxsize=None)
 def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms: int,
-                   partial_tiles: float = 0.0) -> int:
+                   partial_tiles: float = 0.0, *, max_splits: int = MAX_SPLITS, row_ids_max: int = ROW_IDS_MAX) -> int:
     """Splits per (token, head group), so that the grid fills the SMs: the count that minimizes
     waves x (tiles per split + PROGRAM_OVERHEAD_TILES) + partial_tiles x programs / SMs, where
     waves = ceil(programs / SMs), one program per SM at a time (the large configurations fill an
@@ -712,9 +712,10 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
     (docs/design.md, Measured choices, "Triton attention kernel"). The Hopper kernel's larger partials need it
     (hopper_mla.PARTIAL_TILES).
     Contest T=8 at 16 heads: 16 splits, 128 programs of 2 tiles; 128 heads at T=128: 1 split. Rows over
-    ROW_IDS_MAX take at least the splits that hold them (past MAX_SPLITS the launcher refuses them)."""
+    ROW_IDS_MAX take at least the splits that hold them (past MAX_SPLITS the launcher refuses them).
+    Another kernel passes its own split limit and the most ids a split of it holds."""
     tiles = cdiv(topk, cfg.block_n)
-    fewest = cdiv(topk, ROW_IDS_MAX)
+    fewest = cdiv(topk, row_ids_max)
     rows = num_tokens * cdiv(heads, cfg.block_h)  # a tile wider than the heads still takes a program
 
     def cost(splits: int) -> tuple[float, int]:
@@ -722,7 +723,7 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
         partials = partial_tiles * programs / num_sms if splits > 1 else 0.0
         return cdiv(programs, num_sms) * (cdiv(tiles, splits) + PROGRAM_OVERHEAD_TILES) + partials, splits
 
-    return min(range(fewest, max(fewest, min(tiles, MAX_SPLITS)) + 1), key=cost)
+    return min(range(fewest, max(fewest, min(tiles, max_splits)) + 1), key=cost)
 
 
 # `dsactl tune`'s table (kernels/tuned.py): per GPU and shape bucket, the knobs that beat the hand-picked
@@ -998,6 +999,13 @@ def cache_tokens(ckv_cache: torch.Tensor | None, kv_cache: torch.Tensor | None) 
     return min(cache.shape[0] * cache.shape[1], MAX_INT32)
 
 
+def check_max_logits(max_logits: torch.Tensor, lse: torch.Tensor, num_tokens: int, heads: int,
+                     who: str = "sparse MLA attention") -> None:
+    """max_logits [T, H] fp32, written at lse's offsets."""
+    _check_tensor("max_logits", max_logits, torch.float32, (num_tokens, heads), lse.device, who)
+    _check(max_logits.stride() == lse.stride(), "max_logits must have lse's strides", who)
+
+
 def check_ids_in_cache(sparse_indices: torch.Tensor, topk_length: torch.Tensor | None, tokens: int,
                        who: str = "sparse MLA attention") -> None:
     """The host-side validation (check=True): every id a kernel reads is -1 or in the cache (ids [T, topk],
@@ -1049,8 +1057,7 @@ def sparse_mla_attention(
     num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache,
                                                   kv_cache, topk_length, attn_sink)
     if max_logits is not None:
-        _check_tensor("max_logits", max_logits, torch.float32, (num_tokens, heads), q_nope.device)
-        _check(max_logits.stride() == lse.stride(), "max_logits must have lse's strides")
+        check_max_logits(max_logits, lse, num_tokens, heads)
     device = q_nope.device
     tokens_in_cache = cache_tokens(ckv_cache, kv_cache)
     if checking(check):
