@@ -3,11 +3,13 @@ its own loop. The peers' cases themselves need a GPU (profiles/reproduce.sh conf
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import textwrap
 
 import pytest
+import torch
 
 from dsactl.conformance import flash_mla as runner
 from dsactl.conformance.report import ERROR, FAILED, NOT_SERVED, PASSED, Report, write
@@ -107,6 +109,34 @@ def test_the_timed_cases_are_the_v32_performance_cases_with_the_seeds_flash_mla_
     cases = runner.performance_cases(tmp_path)
     assert [(test, p.d_qk, p.seed) for test, p in cases] == [("decode", 576, 2), ("prefill", 576, 3),
                                                              ("prefill", 576, 5)]
+
+
+def test_the_engine_layout_holds_the_same_values_in_contiguous_pages_and_a_contiguous_q():
+    """FlashMLA's tests pad each FP8 cache page by a row and stride q; the engine layout times the same values
+    as engines allocate them."""
+    @dataclasses.dataclass
+    class Scope:  # the fields of lib.KVScope the layout touches
+        blocked_k_quantized: torch.Tensor
+        block_table: torch.Tensor
+
+    @dataclasses.dataclass
+    class Case:  # lib.TestcaseForDecode's
+        q: torch.Tensor
+        kv_scope: Scope
+        extra_kv_scope: Scope | None
+
+    g = torch.Generator().manual_seed(3)
+    padded = torch.randint(-128, 128, (5, 65, 1, 656), generator=g, dtype=torch.int8)[:, :64]
+    q = torch.randn(2, 3, 16, 600, generator=g)[..., :576]
+    table = torch.arange(5, dtype=torch.int32)
+    case = Case(q, Scope(padded, table), None)
+    engine = runner.engine_layout(case)
+    assert engine.q.is_contiguous() and torch.equal(engine.q, q)
+    assert engine.kv_scope.blocked_k_quantized.is_contiguous() and torch.equal(engine.kv_scope.blocked_k_quantized, padded)
+    assert engine.kv_scope.block_table is table and engine.extra_kv_scope is None
+    assert not case.q.is_contiguous() and case.kv_scope.blocked_k_quantized is padded  # the tests' layout kept
+    both = runner.engine_layout(Case(q, Scope(padded, table), Scope(padded[:2], table)))
+    assert both.extra_kv_scope.blocked_k_quantized.is_contiguous()
 
 
 def test_timing_without_flash_mla_built_in_the_checkout_says_so(tmp_path, capsys, monkeypatch):

@@ -72,7 +72,8 @@ def time_flash_mla(checkout: Path, csv_path: Path) -> int:
         writer.writeheader()
         writer.writerows(rows)
     for r in rows:
-        print(f"{r['test']:8s} {r['dsactl_us']:10.1f} {r['flashmla_us']:10.1f} {r['speedup']:6.3f}  {r['case'][:90]}")
+        print(f"{r['test']:8s} {r['layout']:7s} {r['dsactl_us']:10.1f} {r['flashmla_us']:10.1f} {r['speedup']:6.3f}  "
+              f"{r['case'][:80]}")
     return 0
 
 

@@ -127,9 +127,12 @@ def run(checkout: Path) -> list[Report]:
 
 # FlashMLA's performance cases timed, ours beside its own: the same inputs from its generator, the same call
 # through its tests' lib (run_flash_mla_decode, run_flash_mla_sparse_fwd), dsactl's timer (bench: CUPTI kernel
-# time, cold L2, warm-up first), each module in turn.
+# time, cold L2, warm-up first), each module in turn. Decode cases are timed twice: as its tests lay them out
+# (TESTS_LAYOUT: every cache page padded by a row, q strided) and as engines allocate them (ENGINE_LAYOUT, the
+# same values in contiguous pages and a contiguous q: engine_layout).
 TIMING_ITERS, TIMING_WARMUP, TIMING_TRIALS = 20, 3, 2
-TIMING_COLUMNS = ("test", "case", "dsactl_us", "flashmla_us", "speedup")
+TESTS_LAYOUT, ENGINE_LAYOUT = "tests", "engine"
+TIMING_COLUMNS = ("test", "layout", "case", "dsactl_us", "flashmla_us", "speedup")
 
 
 def performance_cases(checkout: Path) -> list[tuple[str, object]]:
@@ -155,9 +158,19 @@ def performance_cases(checkout: Path) -> list[tuple[str, object]]:
     return cases
 
 
+def engine_layout(t):
+    """A decode testcase of FlashMLA's tests (lib.TestcaseForDecode) with the same values laid out as an engine
+    allocates them: the FP8 caches' pages contiguous (its tests pad each page by a row) and q contiguous."""
+    def contiguous(scope):
+        return scope and dataclasses.replace(scope, blocked_k_quantized=scope.blocked_k_quantized.contiguous())
+
+    return dataclasses.replace(t, q=t.q.contiguous(), kv_scope=contiguous(t.kv_scope),
+                               extra_kv_scope=contiguous(t.extra_kv_scope))
+
+
 def time_performance_cases(checkout: Path, real: types.ModuleType) -> list[dict]:
-    """One row a case: its median time with dsactl.compat.flash_mla and with `real` (FlashMLA built from the
-    checkout), in us, and FlashMLA's time over ours."""
+    """One row a case and layout: its median time with dsactl.compat.flash_mla and with `real` (FlashMLA built
+    from the checkout), in us, and FlashMLA's time over ours."""
     import torch
 
     from dsactl.bench.timing import L2Flusher, measure, pick_method, summarize
@@ -170,22 +183,25 @@ def time_performance_cases(checkout: Path, real: types.ModuleType) -> list[dict]
     for test, p in performance_cases(Path(checkout)):
         if test == "decode":
             t = lib.generate_testcase_for_decode(p)
+            layouts = ((TESTS_LAYOUT, t), (ENGINE_LAYOUT, engine_layout(t)))
         else:
-            t = lib.generate_testcase(p)
-        times = {}
-        for label, module in (("dsactl", ours), ("flashmla", real)):
-            lib.flash_mla = module
-            if test == "decode":
-                meta = module.get_mla_metadata()[0]
-                call = lambda: lib.run_flash_mla_decode(p, t, meta, None)  # noqa: E731
-            else:
-                call = lambda: lib.run_flash_mla_sparse_fwd(p, t, False)  # noqa: E731
-            trials = [measure(call, method, TIMING_ITERS, TIMING_WARMUP, flusher)[1] for _ in range(TIMING_TRIALS)]
-            times[label] = summarize(trials).median_us
-        lib.flash_mla = ours
-        rows.append({"test": test, "case": str(p), "dsactl_us": round(times["dsactl"], 2),
-                     "flashmla_us": round(times["flashmla"], 2),
-                     "speedup": round(times["flashmla"] / times["dsactl"], 3)})
-        del t
+            layouts = ((TESTS_LAYOUT, lib.generate_testcase(p)),)
+        for layout, t in layouts:
+            times = {}
+            for label, module in (("dsactl", ours), ("flashmla", real)):
+                lib.flash_mla = module
+                if test == "decode":
+                    meta = module.get_mla_metadata()[0]
+                    call = lambda: lib.run_flash_mla_decode(p, t, meta, None)  # noqa: E731
+                else:
+                    call = lambda: lib.run_flash_mla_sparse_fwd(p, t, False)  # noqa: E731
+                trials = [measure(call, method, TIMING_ITERS, TIMING_WARMUP, flusher)[1]
+                          for _ in range(TIMING_TRIALS)]
+                times[label] = summarize(trials).median_us
+            lib.flash_mla = ours
+            rows.append({"test": test, "layout": layout, "case": str(p), "dsactl_us": round(times["dsactl"], 2),
+                         "flashmla_us": round(times["flashmla"], 2),
+                         "speedup": round(times["flashmla"] / times["dsactl"], 3)})
+        del t, layouts
         torch.cuda.empty_cache()
     return rows
