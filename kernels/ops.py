@@ -13,6 +13,14 @@ schemas (an op schema's keyword-only arguments cannot be tensors); pass them by 
       [B, (next_n,) H], seq_lens int32 [B], block_table int32 [B, max_num_pages]; topk_indices int32
       [B, (next_n,) topk]: physical token ids block_table[b, i // 64] * 64 + i % 64, -1 padded.
 
+  dsactl::prefill_topk(q_index_fp8, k_index_fp8, k_index_scale, weights, ks, ke, topk, max_row_keys=None,
+                       logits_bytes=2**30) -> Tensor
+  dsactl::prefill_topk_out(q_index_fp8, k_index_fp8, k_index_scale, weights, ks, ke, topk_indices, ...the same)
+      The prefill indexer and its exact top-k (kernels/indexer/prefill_topk.py): q float8_e4m3fn [T, H, D], the
+      prompt's index keys float8_e4m3fn [S, D] and their float32 scales [S], weights float32 [T, H], each row's
+      key range ks, ke int32 [T]; topk_indices int32 [T, topk]: key ids of the row's range, -1 padded. The
+      logits go through row chunks of at most logits_bytes (never [T, S] at once).
+
   dsactl::sparse_mla_decode(q_nope, q_pe, sparse_indices, sm_scale, kv_cache=None, ckv_cache=None,
                             kpe_cache=None, topk_length=None, attn_sink=None, lse_base_e=False)
       -> (output, lse)
@@ -44,11 +52,14 @@ import torch
 from .attention.solution import sparse_mla_attention
 from .attention.triton_sparse_mla import BAD_INDICES
 from .fp8 import MLA_CKV_DIM
+from .indexer import prefill_topk as prefill
 from .indexer.score import BAD_PAGES, query_shape
 from .indexer.solution import dsa_topk_indexer
 from .topk.launcher import BAD_IDS
 
 NAMESPACE = "dsactl"
+_PREFILL_INPUTS = "Tensor q_index_fp8, Tensor k_index_fp8, Tensor k_index_scale, Tensor weights, Tensor ks, Tensor ke"
+_PREFILL_OPTIONALS = f"SymInt? max_row_keys=None, int logits_bytes={prefill.LOGITS_BYTES}"
 _MLA_OPTIONALS = ("Tensor? kv_cache=None, Tensor? ckv_cache=None, Tensor? kpe_cache=None, Tensor? topk_length=None, "
                   "Tensor? attn_sink=None, bool lse_base_e=False")
 # Each op's schema; (aN!) marks the arguments an out form writes.
@@ -57,6 +68,8 @@ SCHEMAS = {
                     "Tensor block_table, SymInt topk) -> Tensor",
     "indexer_topk_out": "(Tensor q_index_fp8, Tensor k_index_cache_fp8, Tensor weights, Tensor seq_lens, "
                         "Tensor block_table, Tensor(a5!) topk_indices) -> ()",
+    "prefill_topk": f"({_PREFILL_INPUTS}, SymInt topk, {_PREFILL_OPTIONALS}) -> Tensor",
+    "prefill_topk_out": f"({_PREFILL_INPUTS}, Tensor(a6!) topk_indices, {_PREFILL_OPTIONALS}) -> ()",
     "sparse_mla_decode": f"(Tensor q_nope, Tensor q_pe, Tensor sparse_indices, float sm_scale, {_MLA_OPTIONALS}) "
                          f"-> (Tensor, Tensor)",
     "sparse_mla_decode_out": f"(Tensor q_nope, Tensor q_pe, Tensor sparse_indices, float sm_scale, "
@@ -94,6 +107,19 @@ def _indexer_topk(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table
     return out
 
 
+def _prefill_topk_out(q_index_fp8, k_index_fp8, k_index_scale, weights, ks, ke, topk_indices, max_row_keys=None,
+                      logits_bytes=prefill.LOGITS_BYTES):
+    prefill.prefill_topk(q_index_fp8, k_index_fp8, k_index_scale, weights, ks, ke, topk_indices,
+                         max_row_keys=max_row_keys, logits_bytes=logits_bytes)
+
+
+def _prefill_topk(q_index_fp8, k_index_fp8, k_index_scale, weights, ks, ke, topk, max_row_keys=None,
+                  logits_bytes=prefill.LOGITS_BYTES):
+    out = torch.empty(q_index_fp8.shape[0], topk, dtype=torch.int32, device=q_index_fp8.device)
+    _prefill_topk_out(q_index_fp8, k_index_fp8, k_index_scale, weights, ks, ke, out, max_row_keys, logits_bytes)
+    return out
+
+
 def _sparse_mla_decode_out(q_nope, q_pe, sparse_indices, sm_scale, output, lse, kv_cache=None, ckv_cache=None,
                            kpe_cache=None, topk_length=None, attn_sink=None, lse_base_e=False):
     sparse_mla_attention(q_nope, q_pe, sparse_indices, sm_scale, output, lse, kv_cache=kv_cache, ckv_cache=ckv_cache,
@@ -116,6 +142,11 @@ def _fake_indexer_topk(q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_
     return q_index_fp8.new_empty(_indexer_shape(q_index_fp8, topk), dtype=torch.int32)
 
 
+def _fake_prefill_topk(q_index_fp8, k_index_fp8, k_index_scale, weights, ks, ke, topk, max_row_keys=None,
+                       logits_bytes=prefill.LOGITS_BYTES):
+    return q_index_fp8.new_empty((q_index_fp8.shape[0], topk), dtype=torch.int32)
+
+
 def _fake_sparse_mla_decode(q_nope, q_pe, sparse_indices, sm_scale, kv_cache=None, ckv_cache=None, kpe_cache=None,
                             topk_length=None, attn_sink=None, lse_base_e=False):
     out_shape, lse_shape = _mla_shapes(q_nope)
@@ -129,6 +160,8 @@ def _writes_only(*args, **kwargs) -> None:
 _IMPLEMENTATIONS = {
     "indexer_topk": (_indexer_topk, _fake_indexer_topk),
     "indexer_topk_out": (_indexer_topk_out, _writes_only),
+    "prefill_topk": (_prefill_topk, _fake_prefill_topk),
+    "prefill_topk_out": (_prefill_topk_out, _writes_only),
     "sparse_mla_decode": (_sparse_mla_decode, _fake_sparse_mla_decode),
     "sparse_mla_decode_out": (_sparse_mla_decode_out, _writes_only),
 }
@@ -156,6 +189,8 @@ _register()
 # The registered operators (OpOverloadPackets), whichever import of this module defined them.
 indexer_topk = torch.ops.dsactl.indexer_topk
 indexer_topk_out = torch.ops.dsactl.indexer_topk_out
+prefill_topk = torch.ops.dsactl.prefill_topk
+prefill_topk_out = torch.ops.dsactl.prefill_topk_out
 sparse_mla_decode = torch.ops.dsactl.sparse_mla_decode
 sparse_mla_decode_out = torch.ops.dsactl.sparse_mla_decode_out
 

@@ -32,13 +32,11 @@ t = b * N + j is query token j of request b.
 
 from __future__ import annotations
 
-import numbers
-
 import torch
 
 from . import ops
 from .attention.triton_sparse_mla import HEADS as ATTENTION_HEADS
-from .errors import KernelInputError
+from .step_checks import ANY, Checks
 from .fp8 import INDEX_HEAD_DIM, INDEX_PAGE_BYTES, MLA_CKV_DIM, MLA_KPE_DIM, MLA_TOKEN_BYTES, PAGE_SIZE
 from .indexer.shapes import HEADS as INDEX_HEADS
 from .indexer.shapes import NEXT_NS, TOPKS
@@ -46,44 +44,7 @@ from .indexer.shapes import NEXT_NS, TOPKS
 KV_FORMATS = ("bf16", "fp8")
 # The indexer K cache viewed per token: 8448-byte pages as [64, 1, 132] (kernels/fp8.py).
 INDEX_TOKEN_VIEW = (PAGE_SIZE, 1, INDEX_PAGE_BYTES // PAGE_SIZE)
-ANY = None  # a shape entry any size meets (the caches' page count): only ever the first
-
-
-def _meets(got: torch.Size, shape: tuple) -> bool:
-    """Whether a tensor's shape is `shape`, an ANY first entry met by any size."""
-    return got[1:] == shape[1:] and len(got) == len(shape) if shape and shape[0] is ANY else got == shape
-
-
-def _fail(message: str) -> None:
-    raise KernelInputError(f"DecodeStep: {message}")
-
-
-def _describe(t: torch.Tensor) -> str:
-    return f"{str(t.dtype).removeprefix('torch.')} {list(t.shape)} on {t.device}"
-
-
-def _resolve_device(device: torch.device | str) -> torch.device:
-    """The device with its index: tensors report cuda:N, so per-call checks compare like with like."""
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError) as e:
-        _fail(f"device {device!r} is not a device ({e})")
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            _fail(f"device {device} asks for CUDA, but no CUDA GPU is visible")
-        if device.index is None:
-            device = torch.device("cuda", torch.cuda.current_device())
-    return device
-
-
-def _choice(name: str, value, allowed: tuple) -> None:
-    if isinstance(value, bool) or value not in allowed:
-        _fail(f"{name} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
-
-
-def _positive_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        _fail(f"{name} must be a positive integer, got {value!r}")
+CHECKS = Checks("DecodeStep")
 
 
 class DecodeStep:
@@ -92,21 +53,20 @@ class DecodeStep:
     def __init__(self, batch: int, max_context: int, heads: int, kv_format: str, *, next_n: int = 1,
                  topk: int = 2048, index_heads: int = 64, lse_base_e: bool = False,
                  device: torch.device | str = "cuda") -> None:
-        _positive_int("batch", batch)
-        _positive_int("max_context", max_context)
-        _choice("heads", heads, ATTENTION_HEADS)
-        _choice("kv_format", kv_format, KV_FORMATS)
-        _choice("next_n", next_n, NEXT_NS)
-        _choice("topk", topk, TOPKS)
-        _choice("index_heads", index_heads, INDEX_HEADS)
+        CHECKS.positive_int("batch", batch)
+        CHECKS.positive_int("max_context", max_context)
+        CHECKS.choice("heads", heads, ATTENTION_HEADS)
+        CHECKS.choice("kv_format", kv_format, KV_FORMATS)
+        CHECKS.choice("next_n", next_n, NEXT_NS)
+        CHECKS.choice("topk", topk, TOPKS)
+        CHECKS.choice("index_heads", index_heads, INDEX_HEADS)
         if max_context < next_n:
-            _fail(f"max_context must be at least next_n ({next_n}): each request holds its {next_n} query "
+            CHECKS.fail(f"max_context must be at least next_n ({next_n}): each request holds its {next_n} query "
                   f"tokens, got {max_context}")
-        if not isinstance(lse_base_e, bool):
-            _fail(f"lse_base_e must be a bool, got {lse_base_e!r}")
+        CHECKS.flag("lse_base_e", lse_base_e)
         self.batch, self.max_context, self.heads, self.kv_format = batch, max_context, heads, kv_format
         self.next_n, self.topk, self.index_heads, self.lse_base_e = next_n, topk, index_heads, lse_base_e
-        self.device = _resolve_device(device)
+        self.device = CHECKS.device(device)
         self.max_pages = -(-max_context // PAGE_SIZE)
         self.num_tokens = batch * next_n
 
@@ -139,18 +99,6 @@ class DecodeStep:
                 f"kv_format={self.kv_format!r}, next_n={self.next_n}, topk={self.topk}, "
                 f"index_heads={self.index_heads}, lse_base_e={self.lse_base_e}, device={str(self.device)!r})")
 
-    def _check(self, name: str, t, dtype: torch.dtype, shape: tuple, contiguous: bool) -> None:
-        """dtype, shape, device, and layout: the whole tensor contiguous, or its last dimension."""
-        if not isinstance(t, torch.Tensor):
-            _fail(f"{name} must be a tensor, got {type(t).__name__}")
-        if t.dtype != dtype or t.device != self.device or not _meets(t.shape, shape):
-            want = f"{str(dtype).removeprefix('torch.')} {['*' if s is ANY else s for s in shape]} on {self.device}"
-            _fail(f"{name} must be {want}, got {_describe(t)}")
-        if contiguous and not t.is_contiguous():
-            _fail(f"{name} must be contiguous, got strides {t.stride()}")
-        if not contiguous and t.stride(-1) != 1:
-            _fail(f"{name} must have a contiguous last dimension, got strides {t.stride()}")
-
     def check_inputs(self, q_index_fp8, k_index_cache_fp8, weights, seq_lens, block_table, q_nope, q_pe, sm_scale,
                      kv_cache=None, ckv_cache=None, kpe_cache=None, attn_sink=None) -> None:
         """The per-call checks (__call__ runs them): a KernelInputError naming the first bad argument."""
@@ -159,18 +107,17 @@ class DecodeStep:
                  "kv_cache": kv_cache, "ckv_cache": ckv_cache, "kpe_cache": kpe_cache}
         for name, dtype, shape, contiguous in self._index_inputs + self._queries + self._caches:
             if given[name] is None:
-                _fail(f"{name} is required (kv_format {self.kv_format!r})")
-            self._check(name, given[name], dtype, shape, contiguous)
+                CHECKS.fail(f"{name} is required (kv_format {self.kv_format!r})")
+            CHECKS.tensor(name, given[name], dtype, shape, contiguous, self.device)
         for name in ("kv_cache",) if self.kv_format == "bf16" else ("ckv_cache", "kpe_cache"):
             if given[name] is not None:
-                _fail(f"{name} is not an input of a step with kv_format {self.kv_format!r}")
+                CHECKS.fail(f"{name} is not an input of a step with kv_format {self.kv_format!r}")
         if self.kv_format == "bf16" and kpe_cache.shape[0] != ckv_cache.shape[0]:
-            _fail(f"kpe_cache has {kpe_cache.shape[0]} pages, ckv_cache {ckv_cache.shape[0]}: a token id must "
+            CHECKS.fail(f"kpe_cache has {kpe_cache.shape[0]} pages, ckv_cache {ckv_cache.shape[0]}: a token id must "
                   f"name a row of both")
-        if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real):
-            _fail(f"sm_scale must be a real number, got {sm_scale!r}")
+        CHECKS.real("sm_scale", sm_scale)
         if attn_sink is not None:
-            self._check("attn_sink", attn_sink, torch.float32, (self.heads,), True)
+            CHECKS.tensor("attn_sink", attn_sink, torch.float32, (self.heads,), True, self.device)
 
     def __call__(self, q_index_fp8: torch.Tensor, k_index_cache_fp8: torch.Tensor, weights: torch.Tensor,
                  seq_lens: torch.Tensor, block_table: torch.Tensor, q_nope: torch.Tensor, q_pe: torch.Tensor,

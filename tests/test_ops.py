@@ -92,6 +92,12 @@ SCHEMAS = {
                     "Tensor seq_lens, Tensor block_table, SymInt topk) -> Tensor",
     "indexer_topk_out": "dsactl::indexer_topk_out(Tensor q_index_fp8, Tensor k_index_cache_fp8, Tensor weights, "
                         "Tensor seq_lens, Tensor block_table, Tensor(a5!) topk_indices) -> ()",
+    "prefill_topk": "dsactl::prefill_topk(Tensor q_index_fp8, Tensor k_index_fp8, Tensor k_index_scale, "
+                    "Tensor weights, Tensor ks, Tensor ke, SymInt topk, SymInt? max_row_keys=None, "
+                    "int logits_bytes=1073741824) -> Tensor",
+    "prefill_topk_out": "dsactl::prefill_topk_out(Tensor q_index_fp8, Tensor k_index_fp8, Tensor k_index_scale, "
+                        "Tensor weights, Tensor ks, Tensor ke, Tensor(a6!) topk_indices, SymInt? max_row_keys=None, "
+                        "int logits_bytes=1073741824) -> ()",
     "sparse_mla_decode": "dsactl::sparse_mla_decode(Tensor q_nope, Tensor q_pe, Tensor sparse_indices, "
                          "float sm_scale, Tensor? kv_cache=None, Tensor? ckv_cache=None, Tensor? kpe_cache=None, "
                          "Tensor? topk_length=None, Tensor? attn_sink=None, bool lse_base_e=False) -> (Tensor, Tensor)",
@@ -228,6 +234,16 @@ def test_fake_sparse_mla_decode_gives_output_and_lse_shapes(heads):
                                          kv_cache=t["kv_cache"]) is None
     assert (output.shape, output.dtype) == ((6, heads, 512), torch.bfloat16)
     assert (lse.shape, lse.dtype) == ((6, heads), torch.float32)
+
+
+def test_fake_prefill_topk_gives_the_output_shape():
+    with FakeTensorMode():
+        q = torch.empty(7, 64, 128, dtype=torch.float8_e4m3fn)
+        k, scale = torch.empty(300, 128, dtype=torch.float8_e4m3fn), torch.empty(300)
+        weights, ks = torch.empty(7, 64), torch.empty(7, dtype=torch.int32)
+        out = ops.prefill_topk(q, k, scale, weights, ks, ks, 512, max_row_keys=256)
+        assert ops.prefill_topk_out(q, k, scale, weights, ks, ks, out) is None
+    assert (out.shape, out.dtype) == ((7, 512), torch.int32)
 
 
 def test_fake_indexer_topk_names_a_malformed_q():

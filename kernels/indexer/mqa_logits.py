@@ -120,8 +120,8 @@ def mqa_logits_kernel(
             _store_inf(logits_ptr, logits_stride, rows, real_row, t * BLOCK_KEYS, num_keys, BLOCK_KEYS, BLOCK_M)
 
 
-def check_inputs(q, k, k_scale, weights, ks, ke, logits) -> tuple[int, int, int, int]:
-    """(T, H, D, S) of a valid call, else KernelInputError naming the tensor."""
+def check_inputs(q, k, k_scale, weights, ks, ke, logits=None) -> tuple[int, int, int, int]:
+    """(T, H, D, S) of a valid call, else KernelInputError naming the tensor (logits None: the inputs only)."""
     def need(ok: bool, what: str) -> None:
         if not ok:
             raise KernelInputError(f"mqa_logits: {what}")
@@ -140,10 +140,11 @@ def check_inputs(q, k, k_scale, weights, ks, ke, logits) -> tuple[int, int, int,
          f"weights must be float32 [{T}, {H}] with contiguous heads (got {weights.dtype} {tuple(weights.shape)})")
     for name, t in (("ks", ks), ("ke", ke)):
         need(t.shape == (T,) and t.dtype == torch.int32 and t.is_contiguous(), f"{name} must be int32 [{T}] contiguous")
-    need(logits.dim() == 2 and logits.shape[0] == T and logits.dtype in LOGITS_DTYPES and logits.stride(1) == 1,
-         f"logits must be float32 or bfloat16 [{T}, W] with unit column stride (got {logits.dtype} "
-         f"{tuple(logits.shape)})")
-    devices = {t.device for t in (q, k, k_scale, weights, ks, ke, logits)}
+    if logits is not None:
+        need(logits.dim() == 2 and logits.shape[0] == T and logits.dtype in LOGITS_DTYPES and logits.stride(1) == 1,
+             f"logits must be float32 or bfloat16 [{T}, W] with unit column stride (got {logits.dtype} "
+             f"{tuple(logits.shape)})")
+    devices = {t.device for t in (q, k, k_scale, weights, ks, ke, logits) if t is not None}
     need(len(devices) == 1, f"tensors on several devices: {sorted(map(str, devices))}")
     return T, H, D, S
 

@@ -1,0 +1,101 @@
+"""The prefill indexer's top-k: every query row's exact top-k keys of its own key range, as key ids.
+
+Contract (T query rows, H index heads, D head dim, S keys, as mqa_logits.py):
+  q        float8_e4m3fn [T, H, D] contiguous; k float8_e4m3fn [S, D] contiguous, k_scale float32 [S]
+  weights  float32 [T, H], heads contiguous
+  ks, ke   int32 [T]: row i sees keys ks[i] <= s < ke[i], clamped to [0, S]
+  out      int32 [T, topk], topk <= 2048, unit column stride                     (written)
+
+  out[i] = the keys s of row i's range with the topk largest logits (mqa_logits.py's logit), -1 padded where
+  the range holds fewer, in no particular order; ties at the threshold fill the remaining slots. Every id is
+  -1 or in [ks[i], ke[i]) of the clamped range, whatever the inputs' values.
+
+How: rows in chunks, each chunk's logits relative to its rows' starts (mqa_logits' compressed form, at most
+max_row_keys wide) in a workspace of at most logits_bytes, then the exact CUDA top-k over each row's length
+(topk/launcher.py, through an identity page table: positions stay positions) and the start added back. The
+chunk bounds the logits' memory: a 64K-token prompt's whole [T, S] matrix would be 16 GiB in fp32, a chunk
+of it is logits_bytes. Nothing waits for the host, so a call captures in a CUDA graph for fixed shapes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import KernelInputError
+from ..fp8 import PAGE_SIZE
+from ..launch_math import cdiv
+from ..topk.launcher import MAX_TOPK, topk_page_transform
+from .mqa_logits import check_inputs, mqa_logits
+
+# The logits one chunk of rows may hold: a 64K-key row is 256 KiB, so 4096 rows of it a chunk.
+LOGITS_BYTES = 1 << 30
+LOGITS_DTYPE = torch.float32  # the top-k's exactness is over these values
+WHO = "prefill top-k"
+
+
+def _fail(message: str) -> None:
+    raise KernelInputError(f"{WHO}: {message}")
+
+
+def row_width(num_keys: int, max_row_keys: int | None) -> int:
+    """The logits' width: max_row_keys (every row's range must fit it, as DeepGEMM's max_seqlen_k), else S."""
+    if max_row_keys is None:
+        return num_keys
+    if not 0 < max_row_keys:
+        _fail(f"max_row_keys must be positive, got {max_row_keys}")
+    return min(max_row_keys, num_keys)
+
+
+def chunk_rows(num_rows: int, width: int, logits_bytes: int = LOGITS_BYTES) -> int:
+    """Rows a chunk holds within logits_bytes (at least one)."""
+    if logits_bytes <= 0:
+        _fail(f"logits_bytes must be positive, got {logits_bytes}")
+    return max(1, min(num_rows, logits_bytes // (max(width, 1) * LOGITS_DTYPE.itemsize)))
+
+
+def prefill_topk(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
+                 ke: torch.Tensor, out: torch.Tensor, *, max_row_keys: int | None = None,
+                 logits_bytes: int = LOGITS_BYTES, logits: torch.Tensor | None = None) -> None:
+    """Write out (module contract). max_row_keys bounds every row's range length (the caller knows it without
+    a sync; rows past it see only its first max_row_keys keys); logits (float32 [rows, width], unit column
+    stride) is a workspace to chunk through instead of one taken from the caching allocator."""
+    num_rows, _, _, num_keys = check_inputs(q, k, k_scale, weights, ks, ke)
+    if (out.dim() != 2 or out.shape[0] != num_rows or out.dtype != torch.int32 or out.stride(1) != 1
+            or out.device != q.device):
+        _fail(f"out must be int32 [{num_rows}, topk] with unit column stride on {q.device}, got {out.dtype} "
+              f"{list(out.shape)} on {out.device}")
+    topk = out.shape[1]
+    if not 0 < topk <= MAX_TOPK:
+        _fail(f"topk must be in [1, {MAX_TOPK}], got {topk}")
+    width = row_width(num_keys, max_row_keys)
+    if num_rows == 0:
+        return
+    if num_keys == 0:
+        out.fill_(-1)
+        return
+    rows = chunk_rows(num_rows, width, logits_bytes)
+    if logits is None:
+        logits = torch.empty(rows, width, dtype=LOGITS_DTYPE, device=q.device)
+    elif (logits.dim() != 2 or logits.dtype != LOGITS_DTYPE or logits.shape[1] != width or logits.stride(1) != 1
+          or logits.device != q.device):
+        _fail(f"logits must be float32 [rows, {width}] with unit column stride on {q.device}, got "
+              f"{logits.dtype} {list(logits.shape)}")
+    rows = min(rows, logits.shape[0])
+    if rows == 0:
+        _fail("logits has no rows")
+    # Clamped once: the logits are computed relative to these starts, so every position a row's length
+    # covers is written, and start + position stays inside the keys.
+    start = ks.clamp(0, num_keys)
+    end = torch.maximum(ke.clamp(max=num_keys), start)
+    lengths = (end - start).clamp_(max=width)
+    pages = cdiv(width, PAGE_SIZE)
+    identity = torch.arange(pages, dtype=torch.int32, device=q.device).view(1, pages)
+    first_row = torch.zeros(rows, dtype=torch.int32, device=q.device)
+    for r0 in range(0, num_rows, rows):
+        r1 = min(r0 + rows, num_rows)
+        chunk = logits[: r1 - r0]
+        mqa_logits(q[r0:r1], k, k_scale, weights[r0:r1], start[r0:r1], end[r0:r1], chunk, clean=False,
+                   compressed=True)
+        ids = out[r0:r1]
+        topk_page_transform(chunk, lengths[r0:r1], identity, first_row[: r1 - r0], ids, topk, num_pages=pages)
+        ids.add_(torch.where(ids >= 0, start[r0:r1, None], 0))

@@ -1,0 +1,126 @@
+"""The prefill indexer's top-k (kernels/indexer/prefill_topk.py): chunked ragged logits, then the exact top-k
+of every row's own key range as key ids. Under the Triton interpreter on a CPU (the CUDA top-k's torch
+baseline standing in for it there) and natively on a GPU."""
+
+import pytest
+import torch
+
+from dsactl.kernels.errors import KernelInputError
+from dsactl.kernels.indexer import mqa_logits as ml
+from dsactl.kernels.indexer import prefill_topk as pt
+from dsactl.kernels.topk import torch_baseline as topk_torch
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@pytest.fixture(autouse=True)
+def cuda_topk_or_its_baseline(monkeypatch):
+    """On a CPU the CUDA top-k cannot run: its torch baseline, the same contract, serves the calls."""
+    if DEVICE == "cpu":
+        def baseline(scores, lengths, table, row_to_batch, out, topk, num_pages):
+            topk_torch.topk_page_transform(scores, lengths, table, row_to_batch, out, num_pages=num_pages)
+
+        monkeypatch.setattr(pt, "topk_page_transform", baseline)
+
+
+def _inputs(T, H, D, S, seed, ks=None, ke=None):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(T, H, D, generator=g).to(torch.float8_e4m3fn)
+    k = torch.randn(S, D, generator=g).to(torch.float8_e4m3fn)
+    k_scale = torch.rand(S, generator=g) * 0.02 + 0.001
+    weights = torch.randn(T, H, generator=g) / H
+    if ks is None:
+        ks = torch.randint(0, S, (T,), generator=g)
+        ke = (ks + torch.randint(0, S, (T,), generator=g)).clamp(max=S)
+    ks, ke = torch.as_tensor(ks, dtype=torch.int32), torch.as_tensor(ke, dtype=torch.int32)
+    return [t.to(DEVICE) for t in (q, k, k_scale, weights, ks, ke)]
+
+
+def _poisoned_out(T, topk):
+    return torch.full((T, topk), -7, dtype=torch.int32, device=DEVICE)  # no valid id nor -1: unwritten shows
+
+
+def assert_exact_top_keys(inputs, out, width=None):
+    """Every row holds -1 or distinct keys of its clamped range (of its first `width` keys), as many as the
+    range has up to topk, and none it left out has a larger logit than one it kept (the kernel's own logits,
+    full form: the chunking and offsets are what is checked here)."""
+    q, k, k_scale, weights, ks, ke = inputs
+    S = k.shape[0]
+    logits = torch.empty(q.shape[0], S, dtype=torch.float32, device=DEVICE)
+    ml.mqa_logits(q, k, k_scale, weights, ks, ke, logits, clean=True)
+    start = ks.long().clamp(0, S)
+    end = torch.maximum(ke.long().clamp(max=S), start)
+    if width is not None:
+        end = torch.minimum(end, start + width)
+    topk = out.shape[1]
+    for i in range(q.shape[0]):
+        row = out[i].long()
+        ids = row[row >= 0]
+        assert bool((row[row < 0] == -1).all()), f"row {i}: unwritten or bad padding {row.tolist()}"
+        n = int(end[i] - start[i])
+        assert ids.numel() == min(topk, n) and ids.unique().numel() == ids.numel(), f"row {i}"
+        assert bool(((ids >= start[i]) & (ids < end[i])).all()), f"row {i}: ids outside [{start[i]}, {end[i]})"
+        if ids.numel() and ids.numel() < n:
+            left = torch.ones(S, dtype=torch.bool, device=DEVICE)
+            left[: start[i]] = left[end[i]:] = False
+            left[ids] = False
+            assert logits[i, ids].min() >= logits[i, left].max(), f"row {i}: a larger logit was left out"
+
+
+@pytest.mark.parametrize("heads, dim", [(32, 32), (64, 128)])
+@pytest.mark.parametrize("logits_bytes", [pt.LOGITS_BYTES, 3 * 300 * 4])  # one chunk; chunks of 3 rows
+def test_every_row_gets_the_top_keys_of_its_own_range(heads, dim, logits_bytes):
+    inputs = _inputs(10, heads, dim, 300, seed=heads + dim)
+    out = _poisoned_out(10, 64)
+    pt.prefill_topk(*inputs, out, logits_bytes=logits_bytes)
+    assert_exact_top_keys(inputs, out)
+
+
+def test_ranges_outside_the_keys_give_only_ids_inside_them():
+    """Starts below 0, ends past S, ends before starts, empty and whole rows: clamped, never an id outside."""
+    S = 200
+    ks = [-5, 0, 150, 180, 100, 0, 199, 50]
+    ke = [30, S, S + 40, 170, 100, 1, S, 10]
+    inputs = _inputs(8, 32, 64, S, seed=5, ks=ks, ke=ke)
+    out = _poisoned_out(8, 64)
+    pt.prefill_topk(*inputs, out, logits_bytes=2 * S * 4)
+    assert_exact_top_keys(inputs, out)
+    assert bool((out[3] == -1).all()) and bool((out[4] == -1).all())  # ke before ks; an empty range
+    assert (out[5] >= 0).sum() == 1 and bool((out[6] >= 0).sum() == 1)  # one key each
+
+
+def test_max_row_keys_bounds_the_logits_width_and_what_a_row_sees():
+    S = 256
+    inputs = _inputs(6, 32, 32, S, seed=9, ks=[0, 10, 100, 0, 200, 5], ke=[40, 60, 256, 256, 256, 5])
+    out = _poisoned_out(6, 32)
+    pt.prefill_topk(*inputs, out, max_row_keys=64)
+    assert_exact_top_keys(inputs, out, width=64)
+
+
+def test_a_given_workspace_is_chunked_through():
+    inputs = _inputs(9, 64, 64, 128, seed=2)
+    out = _poisoned_out(9, 16)
+    pt.prefill_topk(*inputs, out, logits=torch.full((4, 128), float("nan"), device=DEVICE))
+    assert_exact_top_keys(inputs, out)
+
+
+def test_calls_outside_the_contract_are_refused_naming_the_argument():
+    inputs = _inputs(4, 32, 32, 64, seed=1)
+    cases = {
+        "topk must be in": dict(out=_poisoned_out(4, pt.MAX_TOPK + 1)),
+        "out must be int32": dict(out=_poisoned_out(4, 8).long()),
+        "logits must be float32": dict(out=_poisoned_out(4, 8), logits=torch.empty(4, 32, device=DEVICE)),
+        "max_row_keys must be positive": dict(out=_poisoned_out(4, 8), max_row_keys=0),
+        "logits_bytes must be positive": dict(out=_poisoned_out(4, 8), logits_bytes=0),
+        "q must be float8_e4m3fn": dict(out=_poisoned_out(4, 8), q=inputs[0].float()),
+    }
+    for message, change in cases.items():
+        args = dict(zip(("q", "k", "k_scale", "weights", "ks", "ke"), inputs))
+        args.update(change)
+        with pytest.raises(KernelInputError, match=message):
+            pt.prefill_topk(**args)
+
+
+def test_a_chunk_holds_what_the_budget_allows():
+    assert pt.chunk_rows(100_000, 65536) == pt.LOGITS_BYTES // (65536 * 4)
+    assert pt.chunk_rows(10, 65536) == 10 and pt.chunk_rows(10, 65536, logits_bytes=1) == 1
