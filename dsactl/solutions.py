@@ -158,6 +158,10 @@ SOLUTIONS: list[Solution] = [
     Solution("torch-indexer", ("dsa_topk_indexer_fp8_*",), "python",
              "dsactl.kernels.indexer.torch_baseline:dsa_topk_indexer_torch",
              "vectorized PyTorch: gather pages, einsum, torch.topk", needs_gpu=False, baseline=True),
+    Solution("dsactl-prefill-indexer", ("dsa_prefill_indexer_fp8_*",), "triton",
+             "dsactl.kernels.indexer.prefill_topk:dsa_prefill_indexer",
+             "ragged FP8 logits in Triton (wgmma, fp32), each row over its own key range, in row chunks of at most "
+             "1 GiB, then the exact CUDA top-k of each row, key ids", cuda_libs=("topk",)),
     Solution("dsactl-topk", ("dsa_topk_page_transform_topk*_ps64*",), "cuda",
              "dsactl.kernels.topk.launcher:dsa_topk_page_transform",
              "exact radix select (11-bit shared-memory histograms, cluster-split rows, candidate "

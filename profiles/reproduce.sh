@@ -14,6 +14,8 @@
 #              FP8 KV), with FlashMLA's sparse decode in the same run when it imports (below)
 #   prefill    prefill.csv/.json + PNGs: attention at 64/128 heads x 1024-8192 tokens over a 64K-token context,
 #              bf16 and FP8 KV, with FlashMLA's sparse prefill (bf16) and decode (FP8) kernels in the same run
+#   prefill-indexer prefill-indexer.csv/.json: the prefill indexer and its top-k (dsa_prefill_indexer_*) over
+#              whole causal prompts of 4K and 16K tokens (the prefill suite's), ours alone
 #   dispatch   dispatch.csv: attention at 16-128 heads x 1-128 tokens, bf16 and FP8 KV, the dispatch's choice
 #              beside each kernel forced (-b dsactl-hopper, dsactl-mma, dsactl-triton): where the dispatch's token
 #              thresholds (kernels/attention/dispatch.py) come from, and what tests/test_dispatch.py holds them to
@@ -55,7 +57,7 @@ GPU=${GPU:-$(python3 -c "import torch; from dsactl.device import gpu_slug; print
 DIR=profiles/$GPU
 mkdir -p "$DIR"
 AREAS=("$@")
-[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify conformance flashmla-cases contest attention prefill dispatch indexer topk pipeline executor tune ncu ncu-flashmla readme)
+[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify conformance flashmla-cases contest attention prefill prefill-indexer dispatch indexer topk pipeline executor tune ncu ncu-flashmla readme)
 
 # cupti-python times kernels by CUPTI; its wheel and pyelftools' (which it imports), carried in .carry/,
 # install where pip has no network.
@@ -102,6 +104,8 @@ for area in "${AREAS[@]}"; do
         echo "reproduce.sh: FlashMLA does not import: prefill is timed without it" >&2
       bench prefill --suite prefill -d 'dsa_sparse_attention_*' -s dsactl-attention -s dsactl-attention-fp8kv \
         --no-reference --iters 10 --trials 2 "${baseline[@]}" ;;
+    prefill-indexer) "${DSACTL[@]}" bench --suite prefill -d 'dsa_prefill_indexer_*' --no-reference --iters 5 \
+        --trials 2 --csv "$DIR/prefill-indexer.csv" --json "$DIR/prefill-indexer.json" ;;
     dispatch) "${DSACTL[@]}" bench --suite dispatch -d 'dsa_sparse_attention_*' -s dsactl-attention \
         -s dsactl-attention-fp8kv --no-reference --iters 20 --trials 2 -b dsactl-hopper -b dsactl-mma -b dsactl-triton \
         --csv "$DIR/dispatch.csv" ;;

@@ -406,11 +406,12 @@ INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 
 
 def _dsactls_own(definition):
-    """The solution dsactl serves each family with: the indexer of two kernels, the top-k, and the attention
-    entry that dispatches (not one of the CUDA kernels it dispatches to)."""
+    """The solution dsactl serves each family with: the indexer of two kernels, the top-k, the attention
+    entry that dispatches (not one of the CUDA kernels it dispatches to), and the prefill indexer."""
     stage = next(t.removeprefix("stage:") for t in definitions.get(definition).tags if t.startswith("stage:"))
     variant = definition.partition("_ps64")[2].replace("_", "-")
-    return {"indexer": "dsactl-indexer", "topk": "dsactl-topk", "attention": f"dsactl-attention{variant}"}[stage]
+    return {"indexer": "dsactl-indexer", "topk": "dsactl-topk", "attention": f"dsactl-attention{variant}",
+            "prefill_indexer": "dsactl-prefill-indexer"}[stage]
 
 
 def test_every_definition_leads_with_dsactls_own_solution():
@@ -431,7 +432,7 @@ def test_pack_packs_the_leading_solution_unless_one_is_named():
 
 # One small workload per definition family (stage): the bundle dsactl packs for it, verified on it.
 FAMILY_WORKLOADS = {"indexer": "edge-indexer-len1", "topk": "edge-topk-len65",
-                    "attention": "edge-attention-duplicates-h16-bf16"}
+                    "attention": "edge-attention-duplicates-h16-bf16", "prefill_indexer": "edge-prefill-indexer-whole"}
 
 
 def test_every_family_has_a_bundle_workload():

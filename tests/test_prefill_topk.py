@@ -124,3 +124,25 @@ def test_calls_outside_the_contract_are_refused_naming_the_argument():
 def test_a_chunk_holds_what_the_budget_allows():
     assert pt.chunk_rows(100_000, 65536) == pt.LOGITS_BYTES // (65536 * 4)
     assert pt.chunk_rows(10, 65536) == 10 and pt.chunk_rows(10, 65536, logits_bytes=1) == 1
+
+
+@pytest.mark.parametrize("uuid", ["edge-prefill-indexer-prompts", "edge-prefill-indexer-whole",
+                                  "edge-prefill-indexer-ties"])
+def test_the_solution_entry_passes_the_definitions_rule_on_the_edge_workloads(uuid):
+    """The shipped entry (solutions: dsactl-prefill-indexer) on the edge suite's prefill workloads, judged by
+    verify's rule against the definition's reference; a wrong id is caught by the same rule."""
+    from dsactl.definitions import get
+    from dsactl.verify.rules import check
+    from dsactl.workloads.generate import make_generated_inputs
+    from dsactl.workloads.suites import suite
+
+    workload = next(w for w in suite("edge") if w.uuid == uuid)
+    d = get(workload.definition)
+    inputs = make_generated_inputs(workload, DEVICE, seed=1)
+    out = _poisoned_out(workload.axes["num_tokens"], d.params["topk"])
+    pt.dsa_prefill_indexer(*(inputs[n] for n in d.input_names), out)
+    verdict = check(d, inputs, {"topk_indices": out})
+    assert verdict.passed, "\n".join(verdict.problems)
+    row = int((out >= 0).sum(1).argmax())
+    out[row, 0] = int(inputs["ke"][row])  # one past the row's last key
+    assert not check(d, inputs, {"topk_indices": out}).passed

@@ -35,8 +35,13 @@ def test_suites_are_deterministic_and_ids_unique():
 
 def test_prefill_suite_gathers_each_cached_token_many_times():
     """Prefill chunks of 1K-8K query tokens over one 64K-token context, at the head counts FlashMLA's sparse
-    prefill kernel takes, both KV formats (FP8 with the model's power-of-two scales)."""
-    ws = workloads.suite("prefill")
+    prefill kernel takes, both KV formats (FP8 with the model's power-of-two scales); the prefill indexer over
+    whole causal prompts (every token a query, token t seeing keys 0..t)."""
+    everything = workloads.suite("prefill")
+    indexer = [w for w in everything if w.definition.startswith("dsa_prefill_indexer")]
+    assert [(w.axes["num_tokens"], w.axes["num_keys"]) for w in indexer] == [(4096, 4096), (16384, 16384)]
+    assert all(w.params["prompts"] == (w.axes["num_keys"],) and "queries" not in w.params for w in indexer)
+    ws = [w for w in everything if w not in indexer]
     assert {(get(w.definition).params["heads"], w.axes["num_tokens"]) for w in ws} == {
         (h, t) for h in (64, 128) for t in (1024, 2048, 4096, 8192)}
     assert {get(w.definition).params["fp8kv"] for w in ws} == {False, True}
@@ -44,7 +49,7 @@ def test_prefill_suite_gathers_each_cached_token_many_times():
         cached = w.axes["num_pages"] * 64
         assert cached == 65536 and w.axes["num_tokens"] * 2048 >= 32 * cached
         assert w.params.get("kv_scales") == ("ue8m0" if get(w.definition).params["fp8kv"] else None)
-    assert not {w.uuid for w in ws} & {w.uuid for w in workloads.suite("all")}  # GPU-sized: not in `all`
+    assert not {w.uuid for w in everything} & {w.uuid for w in workloads.suite("all")}  # GPU-sized: not in `all`
 
 
 def test_edge_suite_covers_the_adversarial_lengths():

@@ -51,7 +51,8 @@ class Work:
     size_name: str
 
 
-SIZE_NAMES = {"indexer": "visible tokens", "attention": "attended tokens", "topk": "scores in the rows"}
+SIZE_NAMES = {"indexer": "visible tokens", "attention": "attended tokens", "topk": "scores in the rows",
+              "prefill_indexer": "keys the rows see"}
 
 
 def stage(d: Definition) -> str:
@@ -142,10 +143,26 @@ def topk_work(d: Definition, inputs: Mapping[str, Any]) -> Work:
     return Work(nbytes, None, int(lengths.sum()), SIZE_NAMES["topk"])
 
 
+def prefill_indexer_work(d: Definition, inputs: Mapping[str, Any]) -> Work:
+    """Row t sees seen[t] = its range's keys (ks, ke clamped to the S keys); T rows, H heads of dim D.
+
+      bytes = S x (D + 4) (keys and their scales, each read once) + T x H x (D + 4) (q, weights)
+            + T x 8 (ks, ke) + T x topk x 4 (ids written)
+      flops = 2 x H x (D + 1) x sum of seen  (q.k, then the weighted head sum)"""
+    heads, dim, topk = d.params["heads"], d.params["dim"], d.params["topk"]
+    num_keys, num_tokens = inputs["k_index_fp8"].shape[0], inputs["ks"].numel()
+    start = inputs["ks"].long().clamp(0, num_keys)
+    seen = int((inputs["ke"].long().clamp(max=num_keys) - start).clamp(min=0).sum())
+    nbytes = (num_keys * (dim + FP32_BYTES) + num_tokens * heads * (dim + FP32_BYTES)
+              + num_tokens * 2 * INT32_BYTES + num_tokens * topk * INT32_BYTES)
+    return Work(nbytes, _flops_or_none(2 * heads * (dim + 1) * seen), seen, SIZE_NAMES["prefill_indexer"])
+
+
 WORK: dict[str, Callable[[Definition, Mapping[str, Any]], Work]] = {
     "indexer": indexer_work,
     "attention": attention_work,
     "topk": topk_work,
+    "prefill_indexer": prefill_indexer_work,
 }
 
 

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from dsactl.definitions import attention, indexer, topk
+from dsactl.definitions import attention, indexer, prefill_indexer, topk
 from dsactl.definitions.base import Definition, TensorSpec
 from dsactl.errors import DsactlError
 
 CONTEST_INDEXER = "dsa_topk_indexer_fp8_h64_d128_topk2048_ps64"
 CONTEST_ATTENTION = "dsa_sparse_attention_h16_ckv512_kpe64_topk2048_ps64"
 CONTEST = (CONTEST_INDEXER, CONTEST_ATTENTION)
-_MODULES = (indexer, topk, attention)
+_MODULES = (indexer, topk, attention, prefill_indexer)
 
 __all__ = ["Definition", "TensorSpec", "get", "all_definitions", "CONTEST", "CONTEST_INDEXER", "CONTEST_ATTENTION"]
 

@@ -104,6 +104,8 @@ def check(d: Definition, inputs: Mapping[str, Any], outputs: Mapping[str, torch.
         return check_topk_ids(outputs["topk_indices"], _indexer_rows(d, inputs), tol, exact=False)
     if stage == "topk":
         return check_topk_ids(outputs["topk_indices"], _topk_rows(inputs), tol, exact=True)
+    if stage == "prefill_indexer":
+        return check_prefill_ids(outputs["topk_indices"], inputs, tol)
     raise ValueError(f"no comparison rule for stage {stage!r}")
 
 
@@ -256,6 +258,39 @@ def _indexer_rows(d: Definition, inputs: Mapping[str, Any]) -> list[Row]:
             rows.append(Row(where, torch.where(in_cache, pages, MASKED_PAGE).cpu(), scores.cpu(), describe,
                             masked[:visible].cpu()))
     return rows
+
+
+def check_prefill_ids(actual: torch.Tensor, inputs: Mapping[str, Any], tol: Tolerance) -> Verdict:
+    """The prefill indexer's rule: row t holds a top-k set of the keys of its range [ks, ke) (clamped to the
+    keys) by the reference's float32 logits, as key ids, -1 padded. The row is judged as the indexer's rows
+    are (check_row), its ids counted from the range's start; an id outside the range is named apart."""
+    q, k, w, scale = (inputs[n].float() for n in ("q_index_fp8", "k_index_fp8", "weights", "k_index_scale"))
+    num_keys = k.shape[0]
+    ks, ke = inputs["ks"].cpu(), inputs["ke"].cpu()
+    v = Verdict()
+    topk = actual.shape[-1]
+    flat = actual.detach().cpu().reshape(-1, topk).long()
+    wrong = 0
+    for t in range(flat.shape[0]):
+        start = min(max(int(ks[t]), 0), num_keys)
+        end = min(max(int(ke[t]), start), num_keys)
+        scores = (torch.relu(q[t] @ k[start:end].T) * w[t][:, None]).sum(dim=0) * scale[start:end]
+        ids = flat[t]
+        outside = (ids >= 0) & ((ids < start) | (ids >= end))
+        if bool(outside.any()):
+            v.fail(f"row {t}: id {int(ids[outside][0])} is outside the row's keys [{start}, {end})"
+                   + _and_more(int(outside.sum()), "are outside them too"))
+            wrong += int(outside.sum())
+        relative = torch.where(ids >= 0, torch.where(outside, -1, ids - start), ids)
+        pages = torch.arange((end - start + PAGE_SIZE - 1) // PAGE_SIZE)
+        row = Row([t], pages, scores.cpu(), f"keys [{start}, {end}), ids counted from {start}")
+        problems, wrong_slots, max_abs, max_rel = check_row(relative, row, topk, tol, exact=False)
+        for problem in problems:
+            v.fail(problem)
+        wrong += wrong_slots
+        v.max_abs, v.max_rel = max(v.max_abs, max_abs), max(v.max_rel, max_rel)
+    v.matched = 1.0 - min(wrong, flat.numel()) / flat.numel() if flat.numel() else 1.0
+    return v
 
 
 def _topk_rows(inputs: Mapping[str, Any]) -> list[Row]:

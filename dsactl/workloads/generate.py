@@ -195,7 +195,40 @@ def topk_inputs(d: Definition, w: Workload, device, seed: int) -> dict[str, Any]
     }
 
 
-GENERATORS = {"stage:indexer": indexer_inputs, "stage:topk": topk_inputs, "stage:attention": attention_inputs}
+def prefill_ranges(prompts: tuple[int, ...], queries: tuple[int, ...] | None) -> tuple[list[int], list[int]]:
+    """(ks, ke) of causal prompts packed one after another: the last queries[i] tokens of prompt i (all of them
+    when queries is None) each see the prompt's keys up to themselves."""
+    ks, ke, start = [], [], 0
+    for i, length in enumerate(prompts):
+        first = length - (queries[i] if queries else length)
+        ks += [start] * (length - first)
+        ke += [start + j + 1 for j in range(first, length)]
+        start += length
+    return ks, ke
+
+
+def prefill_indexer_inputs(d: Definition, w: Workload, device, seed: int) -> dict[str, Any]:
+    g = _generator(device, seed)
+    p = w.params
+    heads, dim = d.params["heads"], d.params["dim"]
+    num_tokens, num_keys = w.axes["num_tokens"], w.axes["num_keys"]
+    ks, ke = prefill_ranges(tuple(p["prompts"]), p.get("queries"))
+    if p.get("pattern") == "ties":  # every key identical: all logits of a row tie
+        k = _randn((1, dim), g, device, K_STD).expand(num_keys, dim)
+    else:
+        k = _randn((num_keys, dim), g, device, K_STD)
+    return {
+        "q_index_fp8": _randn((num_tokens, heads, dim), g, device, Q_STD).to(torch.float8_e4m3fn),
+        "k_index_fp8": k.to(torch.float8_e4m3fn),
+        "k_index_scale": torch.rand(num_keys, generator=g, device=device) * 0.02 + 0.001,
+        "weights": _randn((num_tokens, heads), g, device, 1.0 / heads**0.5),
+        "ks": torch.tensor(ks, dtype=torch.int32, device=device),
+        "ke": torch.tensor(ke, dtype=torch.int32, device=device),
+    }
+
+
+GENERATORS = {"stage:indexer": indexer_inputs, "stage:topk": topk_inputs, "stage:attention": attention_inputs,
+              "stage:prefill_indexer": prefill_indexer_inputs}
 
 
 def make_generated_inputs(w: Workload, device, seed: int) -> dict[str, Any]:

@@ -48,6 +48,13 @@ def _topk(uuid, suite, label, definition, lengths, max_len=None, **params) -> Wo
                     {"lengths": tuple(lengths), **params})
 
 
+def _prefill_indexer(uuid, suite, label, definition, prompts, queries=None, **params) -> Workload:
+    """Causal prompts packed one after another; the last queries[i] tokens of prompt i query (all: None)."""
+    num_tokens = sum(queries) if queries else sum(prompts)
+    return Workload(uuid, definition, suite, label, {"num_tokens": num_tokens, "num_keys": sum(prompts)},
+                    {"prompts": tuple(prompts), **({"queries": tuple(queries)} if queries else {}), **params})
+
+
 def _pages(tokens: int) -> int:
     return (tokens + PAGE_SIZE - 1) // PAGE_SIZE
 
@@ -119,9 +126,16 @@ PREFILL_TOKENS = (1024, 2048, 4096, 8192)  # query tokens of a prefill chunk
 PREFILL_NUM_PAGES = 1024  # a 64K-token context: each cached token is gathered 32 to 256 times
 
 
+PREFILL_INDEXER = "dsa_prefill_indexer_fp8_h64_d128_topk2048"
+PREFILL_INDEXER_PROMPTS = (4096, 16384)  # one causal prompt, every token a query
+
+
 def prefill() -> list[Workload]:
-    """Sparse attention at prefill sizes: thousands of query tokens over one long context."""
-    return _attention_grid("prefill", PREFILL_HEADS, PREFILL_TOKENS, PREFILL_NUM_PAGES)
+    """Sparse attention at prefill sizes: thousands of query tokens over one long context; the prefill indexer
+    over whole causal prompts."""
+    return (_attention_grid("prefill", PREFILL_HEADS, PREFILL_TOKENS, PREFILL_NUM_PAGES)
+            + [_prefill_indexer(f"prefill-indexer-s{s}", "prefill", f"s{s // 1024}k", PREFILL_INDEXER, (s,))
+               for s in PREFILL_INDEXER_PROMPTS])
 
 
 # Every power of two up to the scale suite's 128: the attention dispatch's token thresholds lie among them.
@@ -189,6 +203,12 @@ def edge() -> list[Workload]:
                          [n, 1, max(1, n - 1)], max_len=n + 5))
     out.append(_topk("edge-topk-mtp", "edge", "mtp", "dsa_topk_page_transform_topk2048_ps64",
                      [3000, 3001, 3002, 7000], rows_per_request=2))
+    # The prefill indexer: rows shorter and longer than topk across two prompts, the first query of a prompt
+    # (one key), and ties.
+    small = "dsa_prefill_indexer_fp8_h32_d64_topk512"
+    out.append(_prefill_indexer("edge-prefill-indexer-prompts", "edge", "prefill", small, (700, 900), (40, 24)))
+    out.append(_prefill_indexer("edge-prefill-indexer-whole", "edge", "prefill", small, (600,)))
+    out.append(_prefill_indexer("edge-prefill-indexer-ties", "edge", "ties", small, (800,), (16,), pattern="ties"))
     return out
 
 

@@ -29,9 +29,11 @@ from ..errors import KernelInputError
 from ..launch_math import cdiv
 from ..triton_options import FP_FUSION
 from .score import _num_sms
+from .shapes import HEADS as INDEX_HEADS
+from .shapes import PREFILL_DIMS
 
-HEADS = (32, 64)  # sm_90's index head counts (DeepGEMM's too)
-DIMS = (32, 64, 128)  # fp8 tl.dot needs K >= 32
+HEADS = INDEX_HEADS  # sm_90's index head counts (DeepGEMM's too)
+DIMS = PREFILL_DIMS
 LOGITS_DTYPES = (torch.float32, torch.bfloat16)
 # Query rows x heads of a program: the N side of one 128-wide dot, so each key tile read from memory
 # feeds 128 // H query rows.

@@ -99,3 +99,10 @@ def prefill_topk(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weight
         ids = out[r0:r1]
         topk_page_transform(chunk, lengths[r0:r1], identity, first_row[: r1 - r0], ids, topk, num_pages=pages)
         ids.add_(torch.where(ids >= 0, start[r0:r1, None], 0))
+
+
+def dsa_prefill_indexer(q_index_fp8: torch.Tensor, k_index_fp8: torch.Tensor, k_index_scale: torch.Tensor,
+                        weights: torch.Tensor, ks: torch.Tensor, ke: torch.Tensor, topk_indices: torch.Tensor) -> None:
+    """Solution entry for dsa_prefill_indexer_fp8_h{H}_d{D}_topk{K}: the definition's signature (inputs, then the
+    preallocated output)."""
+    prefill_topk(q_index_fp8, k_index_fp8, k_index_scale, weights, ks, ke, topk_indices)
