@@ -104,13 +104,7 @@ class PrefillStep:
         given = {"q_index_fp8": q_index_fp8, "k_index_fp8": k_index_fp8, "k_index_scale": k_index_scale,
                  "weights": weights, "ks": ks, "ke": ke, "q_nope": q_nope, "q_pe": q_pe, "kv_cache": kv_cache,
                  "ckv_cache": ckv_cache, "kpe_cache": kpe_cache}
-        for name, dtype, shape, contiguous in self._index_inputs + self._queries + self._caches:
-            if given[name] is None:
-                CHECKS.fail(f"{name} is required (kv_format {self.kv_format!r})")
-            CHECKS.tensor(name, given[name], dtype, shape, contiguous, self.device)
-        for name in ("kv_cache",) if self.kv_format == "bf16" else ("ckv_cache", "kpe_cache"):
-            if given[name] is not None:
-                CHECKS.fail(f"{name} is not an input of a step with kv_format {self.kv_format!r}")
+        CHECKS.inputs(given, self._index_inputs + self._queries + self._caches, self.kv_format, self.device)
         CHECKS.real("sm_scale", sm_scale)
         if attn_sink is not None:
             CHECKS.tensor("attn_sink", attn_sink, torch.float32, (self.heads,), True, self.device)

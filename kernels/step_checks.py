@@ -59,6 +59,17 @@ class Checks:
         if isinstance(value, bool) or not isinstance(value, numbers.Real):
             self.fail(f"{name} must be a real number, got {value!r}")
 
+    def inputs(self, given: dict, specs: tuple, kv_format: str, device: torch.device) -> None:
+        """Every tensor of specs ((name, dtype, shape, contiguous), the step's own for its KV format) present and
+        as specified (tensor), and no KV cache of the other format given."""
+        for name, dtype, shape, contiguous in specs:
+            if given[name] is None:
+                self.fail(f"{name} is required (kv_format {kv_format!r})")
+            self.tensor(name, given[name], dtype, shape, contiguous, device)
+        for name in ("kv_cache",) if kv_format == "bf16" else ("ckv_cache", "kpe_cache"):
+            if given[name] is not None:
+                self.fail(f"{name} is not an input of a step with kv_format {kv_format!r}")
+
     def tensor(self, name: str, t, dtype: torch.dtype, shape: tuple, contiguous: bool, device: torch.device) -> None:
         """dtype, shape, device, and layout: the whole tensor contiguous, or its last dimension."""
         if not isinstance(t, torch.Tensor):
