@@ -36,7 +36,7 @@ from .attention.triton_sparse_mla import HEADS as ATTENTION_HEADS
 from .fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_TOKEN_BYTES
 from .indexer.mqa_logits import DIMS as INDEX_DIMS
 from .indexer.mqa_logits import HEADS as INDEX_HEADS
-from .indexer.prefill_topk import LOGITS_BYTES, MAX_TOPK, row_width
+from .indexer.prefill_topk import LOGITS_BYTES, MAX_TOPK
 from .step import KV_FORMATS
 from .step_checks import Checks
 
@@ -67,7 +67,6 @@ class PrefillStep:
         self.topk, self.index_heads, self.index_dim = topk, index_heads, index_dim
         self.max_row_keys, self.logits_bytes, self.lse_base_e = max_row_keys, logits_bytes, lse_base_e
         self.device = CHECKS.device(device)
-        self.width = row_width(num_keys, max_row_keys)
 
         # The workspace: written by every call, read by the caller after it (ids for inspection).
         self.topk_indices = torch.empty(num_tokens, topk, dtype=torch.int32, device=self.device)
