@@ -24,6 +24,9 @@
 #              .baselines/DeepGEMM (a checkout that is not there is skipped, saying so)
 #   flashmla-cases flashmla-cases.csv: FlashMLA's own V3.2 performance cases (its tests' generator and calls),
 #              timed with dsactl.compat.flash_mla and with FlashMLA built from .baselines/FlashMLA, same timer
+#   deepgemm-cases deepgemm-cases.csv: every sm_90 FP8 case of DeepGEMM's test_mqa_logits and test_paged_mqa_logits
+#              (its tests' inputs and calls), timed with dsactl.compat.deep_gemm and with DeepGEMM built from
+#              .baselines/DeepGEMM, same timer, with each case's TFLOP/s and share of the FP8 matmul peak
 #   indexer    indexer.csv/.json + PNGs: the indexer at batch 1-128 x context 4K-128K
 #   topk       topk.csv/.json + PNGs: top-k with page translation, rows 1-128 x lengths 2K-128K
 #   pipeline   pipeline.csv/.json + pipeline/stages.png: the whole decode step (DecodeStep), batch 1-128 x
@@ -46,7 +49,8 @@
 #
 # FlashMLA (the `-b flashmla` baseline) is built from source when .baselines/FlashMLA holds its repository
 # and .baselines/nvidia_cutlass-*.whl the CUTLASS headers (docs/design.md, "Baselines"); without them the
-# attention area times our kernels alone and says so.
+# attention area times our kernels alone and says so. DeepGEMM is built the same way from .baselines/DeepGEMM,
+# which also holds fmt's headers in third-party/fmt/include.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -57,7 +61,7 @@ GPU=${GPU:-$(python3 -c "import torch; from dsactl.device import gpu_slug; print
 DIR=profiles/$GPU
 mkdir -p "$DIR"
 AREAS=("$@")
-[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify conformance flashmla-cases contest attention prefill prefill-indexer dispatch indexer topk pipeline executor tune ncu ncu-flashmla readme)
+[ ${#AREAS[@]} -eq 0 ] && AREAS=(env verify conformance flashmla-cases deepgemm-cases contest attention prefill prefill-indexer dispatch indexer topk pipeline executor tune ncu ncu-flashmla readme)
 
 # cupti-python times kernels by CUPTI; its wheel and pyelftools' (which it imports), carried in .carry/,
 # install where pip has no network.
@@ -76,6 +80,21 @@ z.extractall('/tmp/cutlass-wheel', [n for n in z.namelist() if n.startswith('cut
         MAX_JOBS=$(nproc) NVCC_THREADS=2 python3 setup.py build_ext --inplace >/tmp/flashmla-build.log 2>&1 ) ||
       echo "reproduce.sh: FlashMLA did not build (/tmp/flashmla-build.log)" >&2
     export PYTHONPATH=$PWD/.baselines/FlashMLA:$PYTHONPATH
+  fi
+}
+
+deepgemm() {  # builds DeepGEMM's extension in place (deep_gemm/_C*.so) once, when its source is here
+  local dg=.baselines/DeepGEMM
+  if [ -d $dg/deep_gemm ] && ! ls $dg/deep_gemm/_C*.so >/dev/null 2>&1; then
+    # The JIT compiles kernels at run time against deep_gemm/include, where DeepGEMM's develop.sh links CUTLASS.
+    ( cd $dg && rm -rf third-party/cutlass/include /tmp/deepgemm-cutlass &&
+      python3 -c "import zipfile, glob; z = zipfile.ZipFile(glob.glob('../nvidia_cutlass-*.whl')[0]); \
+z.extractall('/tmp/deepgemm-cutlass', [n for n in z.namelist() if n.startswith('cutlass_library/source/include/')])" &&
+      mkdir -p third-party/cutlass && mv /tmp/deepgemm-cutlass/cutlass_library/source/include third-party/cutlass/ &&
+      ln -sfn ../../third-party/cutlass/include/cutlass deep_gemm/include/cutlass &&
+      ln -sfn ../../third-party/cutlass/include/cute deep_gemm/include/cute &&
+      python3 setup.py build_ext --inplace >/tmp/deepgemm-build.log 2>&1 ) ||
+      echo "reproduce.sh: DeepGEMM did not build (/tmp/deepgemm-build.log)" >&2
   fi
 }
 
@@ -121,6 +140,9 @@ for area in "${AREAS[@]}"; do
     flashmla-cases)
       flashmla
       python3 -m dsactl.conformance flash_mla --checkout .baselines/FlashMLA --time "$DIR/flashmla-cases.csv" ;;
+    deepgemm-cases)
+      deepgemm
+      python3 -m dsactl.conformance deep_gemm --checkout .baselines/DeepGEMM --time "$DIR/deepgemm-cases.csv" ;;
     indexer) bench indexer --suite scale -d 'dsa_topk_indexer_*' --no-reference --iters 20 --trials 2 ;;
     topk) bench topk --suite scale -d 'dsa_topk_page_transform_*' --no-reference --iters 20 --trials 2 ;;
     pipeline) "${DSACTL[@]}" bench --pipeline --iters 20 --warmup 5 --csv "$DIR/pipeline.csv" --json "$DIR/pipeline.json" --plot "$DIR/pipeline" ;;

@@ -570,6 +570,26 @@ def test_bench_without_a_gpu_is_a_clear_error():
     assert isinstance(r.exception, DsactlError) and "needs a CUDA GPU" in str(r.exception)
 
 
+def test_cached_peaks_without_a_rate_measured_since_are_measured_again(tmp_path, monkeypatch):
+    from dataclasses import asdict
+
+    from dsactl.bench import peaks
+
+    cache = tmp_path / "peaks.json"
+    old = {"gpu": "GPU", "copy_gbps": 1.0, "bf16_tflops": 2.0, "measured_at": "t", "torch": "x",
+           "kernel_copy_gbps": 3.0}
+    cache.write_text(json.dumps({"GPU": old}))
+    fresh = peaks.Peaks(**{**old, "fp8_tflops": 4.0})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "GPU")
+    monkeypatch.setattr(peaks, "measure_peaks", lambda: fresh)
+    assert peaks.load_or_measure(cache) == fresh and json.loads(cache.read_text())["GPU"] == asdict(fresh)
+    monkeypatch.setattr(peaks, "measure_peaks", lambda: pytest.fail("measured again"))
+    assert peaks.load_or_measure(cache).fp8_tflops == 4.0
+    # A GPU without FP8 tensor cores has no FP8 rate, and keeps it.
+    cache.write_text(json.dumps({"GPU": {**old, "fp8_tflops": None}}))
+    assert peaks.load_or_measure(cache).fp8_tflops is None
+
+
 # --- GPU -------------------------------------------------------------------------------------
 
 def _in_a_fresh_process(code: str) -> None:
@@ -594,6 +614,7 @@ def test_copy_self_check_lands_within_10_percent(tmp_path):
         flusher = timing.L2Flusher()
         p = peaks.load_or_measure(Path({str(tmp_path / "peaks.json")!r}))
         assert p.copy_gbps > 100 and p.bf16_tflops > 10 and p.kernel_copy_gbps > 100
+        assert p.fp8_tflops > p.bf16_tflops  # FP8 tensor cores do twice bf16's work a cycle
         cached = json.loads(Path({str(tmp_path / "peaks.json")!r}).read_text())[p.gpu]
         assert cached["kernel_copy_gbps"] == p.kernel_copy_gbps
         check = peaks.copy_self_check(timing.pick_method(), p, flusher)

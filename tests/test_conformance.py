@@ -111,12 +111,13 @@ def test_the_timed_cases_are_the_v32_performance_cases_with_the_seeds_flash_mla_
                                                              ("prefill", 576, 5)]
 
 
-def test_the_engine_layout_holds_the_same_values_in_contiguous_pages_and_a_contiguous_q():
-    """FlashMLA's tests pad each FP8 cache page by a row and stride q; the engine layout times the same values
-    as engines allocate them."""
+def test_the_engine_layout_holds_the_same_values_in_contiguous_pages_q_and_indices():
+    """FlashMLA's tests pad each FP8 cache page by a row and pad q and the indices in every dimension; the engine
+    layout times the same values as engines allocate them."""
     @dataclasses.dataclass
     class Scope:  # the fields of lib.KVScope the layout touches
         blocked_k_quantized: torch.Tensor
+        indices_in_kvcache: torch.Tensor
         block_table: torch.Tensor
 
     @dataclasses.dataclass
@@ -127,16 +128,20 @@ def test_the_engine_layout_holds_the_same_values_in_contiguous_pages_and_a_conti
 
     g = torch.Generator().manual_seed(3)
     padded = torch.randint(-128, 128, (5, 65, 1, 656), generator=g, dtype=torch.int8)[:, :64]
-    q = torch.randn(2, 3, 16, 600, generator=g)[..., :576]
+    q = torch.randn(3, 3, 17, 704, generator=g)[:2, :2, :16, :576]
+    ids = torch.randint(-1, 320, (3, 3, 192), generator=g, dtype=torch.int32)[:2, :2, :64]
     table = torch.arange(5, dtype=torch.int32)
-    case = Case(q, Scope(padded, table), None)
+    case = Case(q, Scope(padded, ids, table), None)
     engine = runner.engine_layout(case)
     assert engine.q.is_contiguous() and torch.equal(engine.q, q)
     assert engine.kv_scope.blocked_k_quantized.is_contiguous() and torch.equal(engine.kv_scope.blocked_k_quantized, padded)
+    assert engine.kv_scope.indices_in_kvcache.is_contiguous() and torch.equal(engine.kv_scope.indices_in_kvcache, ids)
     assert engine.kv_scope.block_table is table and engine.extra_kv_scope is None
     assert not case.q.is_contiguous() and case.kv_scope.blocked_k_quantized is padded  # the tests' layout kept
-    both = runner.engine_layout(Case(q, Scope(padded, table), Scope(padded[:2], table)))
+    assert case.kv_scope.indices_in_kvcache is ids
+    both = runner.engine_layout(Case(q, Scope(padded, ids, table), Scope(padded[:2], ids[:1], table)))
     assert both.extra_kv_scope.blocked_k_quantized.is_contiguous()
+    assert both.extra_kv_scope.indices_in_kvcache.is_contiguous()
 
 
 def test_timing_without_flash_mla_built_in_the_checkout_says_so(tmp_path, capsys, monkeypatch):

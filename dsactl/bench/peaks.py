@@ -1,4 +1,4 @@
-"""The GPU's measured peaks (copy bandwidth, bf16 matmul rate) and the timing self-check.
+"""The GPU's measured peaks (copy bandwidth, bf16 and FP8 matmul rates) and the timing self-check.
 
 Peaks are measured once per GPU and cached in ~/.cache/dsactl/peaks.json, keyed
 by GPU name. They are timed with CUDA events over many back-to-back calls, so
@@ -28,7 +28,7 @@ CACHE = Path.home() / ".cache" / "dsactl" / "peaks.json"
 COPY_BYTES = 2**30  # far beyond L2, long enough that launch gaps vanish
 COPY_MEMORY_FRACTION = 8  # use at most 1/8 of free memory per buffer
 COPY_REPS = 20
-MATMUL_N = 8192  # square bf16 matmul of 2 N^3 FLOPs: compute-bound on any tensor-core GPU
+MATMUL_N = 8192  # square bf16 and FP8 matmuls of 2 N^3 FLOPs: compute-bound on any tensor-core GPU
 MATMUL_REPS = 20
 ROUNDS = 3  # best of: the peak is what the hardware can do, not the average
 SELF_CHECK_BYTES = 256 * 2**20  # large enough to run at full bandwidth, small enough to be quick
@@ -44,6 +44,7 @@ class Peaks:
     measured_at: str
     torch: str
     kernel_copy_gbps: float | None = None  # the self-check's copy kernel, same units; None: not yet measured
+    fp8_tflops: float | None = None  # e4m3 matmul (torch._scaled_mm), 1e12 FLOP/s; None: no FP8 tensor cores
 
 
 @dataclass
@@ -123,6 +124,26 @@ def _bf16_tflops(n: int) -> float:
     return 2 * n**3 / _events_time_us(lambda: torch.mm(a, b, out=c), MATMUL_REPS) / 1e6
 
 
+FP8_CAPABILITY = (8, 9)  # the first GPUs with e4m3 tensor cores (Ada, then Hopper)
+
+
+def _fp8_tflops(n: int) -> float | None:
+    """The e4m3 tensor-core rate as cuBLASLt reaches it: fast accumulation (the tensor pipe alone), unit scales,
+    bf16 out; None on a GPU without FP8 tensor cores."""
+    import torch
+
+    if tuple(torch.cuda.get_device_capability()) < FP8_CAPABILITY:
+        return None
+
+    a = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    b = torch.randn(n, n, device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones((), device="cuda")
+    c = torch.empty(n, n, dtype=torch.bfloat16, device="cuda")
+    return 2 * n**3 / _events_time_us(
+        lambda: torch._scaled_mm(a, b.t(), one, one, out_dtype=torch.bfloat16, use_fast_accum=True, out=c),
+        MATMUL_REPS) / 1e6
+
+
 def measure_peaks() -> Peaks:
     import torch
 
@@ -130,7 +151,7 @@ def measure_peaks() -> Peaks:
     nbytes = min(COPY_BYTES, free // COPY_MEMORY_FRACTION)
     return Peaks(gpu=torch.cuda.get_device_name(), copy_gbps=_copy_gbps(nbytes),
                  bf16_tflops=_bf16_tflops(MATMUL_N), measured_at=time.strftime("%Y-%m-%dT%H:%M:%S"),
-                 torch=torch.__version__, kernel_copy_gbps=_kernel_copy_gbps(nbytes))
+                 torch=torch.__version__, kernel_copy_gbps=_kernel_copy_gbps(nbytes), fp8_tflops=_fp8_tflops(MATMUL_N))
 
 
 def _read_cache(path: Path) -> dict[str, Any]:
@@ -149,7 +170,7 @@ def load_or_measure(path: Path = CACHE, refresh: bool = False) -> Peaks:
     if not refresh and name in cached:
         try:
             peaks = Peaks(**cached[name])
-            if peaks.kernel_copy_gbps is not None:
+            if peaks.kernel_copy_gbps is not None and "fp8_tflops" in cached[name]:  # else cached before it existed
                 return peaks
         except TypeError:  # written by another dsactl version: measure again
             pass

@@ -12,7 +12,8 @@ runs on sm_100 alone (FP4, varlen rows, other heads, pages and dims) are listed 
 Timing: each case ends with DeepGEMM's bench_kineto, which finds kernels by DeepGEMM's own kernel names (ours
 are Triton's, so a time would be 0 and the test's figures divide by it). DeepGEMM's switch DG_USE_NVIDIA_TOOLS=1
 makes bench_kineto return 1 s without profiling, and the figures the tests print are dropped: a case here checks
-correctness only; `dsactl bench` times the kernels.
+correctness only. deep_gemm_timing (`--time`) times the same cases at that call, ours beside DeepGEMM built from
+the checkout, with bench's timer.
 """
 
 from __future__ import annotations

@@ -128,8 +128,8 @@ def run(checkout: Path) -> list[Report]:
 # FlashMLA's performance cases timed, ours beside its own: the same inputs from its generator, the same call
 # through its tests' lib (run_flash_mla_decode, run_flash_mla_sparse_fwd), dsactl's timer (bench: CUPTI kernel
 # time, cold L2, warm-up first), each module in turn. Decode cases are timed twice: as its tests lay them out
-# (TESTS_LAYOUT: every cache page padded by a row, q strided) and as engines allocate them (ENGINE_LAYOUT, the
-# same values in contiguous pages and a contiguous q: engine_layout).
+# (TESTS_LAYOUT: every cache page padded by a row, q and indices padded in every dimension) and as engines
+# allocate them (ENGINE_LAYOUT, the same values in contiguous pages, q and indices: engine_layout).
 TIMING_ITERS, TIMING_WARMUP, TIMING_TRIALS = 20, 3, 2
 TESTS_LAYOUT, ENGINE_LAYOUT = "tests", "engine"
 TIMING_COLUMNS = ("test", "layout", "case", "dsactl_us", "flashmla_us", "speedup")
@@ -160,9 +160,11 @@ def performance_cases(checkout: Path) -> list[tuple[str, object]]:
 
 def engine_layout(t):
     """A decode testcase of FlashMLA's tests (lib.TestcaseForDecode) with the same values laid out as an engine
-    allocates them: the FP8 caches' pages contiguous (its tests pad each page by a row) and q contiguous."""
+    allocates them: the FP8 caches' pages contiguous (its tests pad each page by a row), q and the indices
+    contiguous (its tests pad every dimension of both; an engine's indices are its top-k's output)."""
     def contiguous(scope):
-        return scope and dataclasses.replace(scope, blocked_k_quantized=scope.blocked_k_quantized.contiguous())
+        return scope and dataclasses.replace(scope, blocked_k_quantized=scope.blocked_k_quantized.contiguous(),
+                                             indices_in_kvcache=scope.indices_in_kvcache.contiguous())
 
     return dataclasses.replace(t, q=t.q.contiguous(), kv_scope=contiguous(t.kv_scope),
                                extra_kv_scope=contiguous(t.extra_kv_scope))
