@@ -107,20 +107,26 @@ def _cuda_heads(variant: str) -> tuple[int, ...]:
             + (dispatch.MMA_HEADS if variant in MMA_ATTENTION_VARIANTS else ()))
 
 
+PADDED_PAGES = "padded pages, whose token ids are not rows (the Triton kernel's)"
+
+
 def _hopper_attention_refuses(definition_params: dict, workload_params: dict) -> str | None:
-    """The Hopper kernel's limit below the definitions': token ids that are rows (caches of evenly strided
-    pages); the dispatch sends the rest to the Triton kernel."""
-    if workload_params.get("padded_pages"):
-        return "padded pages, whose token ids are not rows (the Triton kernel's)"
+    """The Hopper kernel's limit below the definitions': padded pages must hold a power of two of tokens
+    (hopper_mla.page_map); the dispatch sends the rest to the Triton kernel."""
+    page_size = definition_params["page_size"]
+    if workload_params.get("padded_pages") and page_size & (page_size - 1):
+        return f"padded pages of {page_size} tokens, not a power of two (the Triton kernel's)"
     return None
 
 
 def _mma_attention_refuses(definition_params: dict, workload_params: dict) -> str | None:
-    """The small-head kernel's limits below the definitions': the Hopper kernel's, and rows of at most
-    MMA_MAX_TOPK ids."""
+    """The small-head kernel's limits below the definitions': token ids that are rows (caches of evenly strided
+    pages) and rows of at most MMA_MAX_TOPK ids."""
     if definition_params["topk"] > dispatch.MMA_MAX_TOPK:
         return f"topk over {dispatch.MMA_MAX_TOPK} (the Hopper or Triton kernel's)"
-    return _hopper_attention_refuses(definition_params, workload_params)
+    if workload_params.get("padded_pages"):
+        return PADDED_PAGES
+    return None
 
 
 def _triton_only_entries(variant: str) -> tuple[tuple[str, str], ...]:

@@ -333,9 +333,10 @@ def test_interpreted_entry_serves_flash_mla_layouts_of_the_edge_suite(workload):
     assert_matches_reference(workload.definition, inputs, outputs)
 
 
-def test_verify_leaves_padded_pages_to_the_triton_kernel(monkeypatch):
-    """The CUDA kernels' solutions serve these definitions but not the padded pages' workloads: verify skips
-    those pairs, saying why, where it would otherwise run them; the Hopper kernel's takes rows of 16384 ids."""
+def test_verify_leaves_padded_pages_of_other_sizes_to_the_triton_kernel(monkeypatch):
+    """The CUDA kernels' solutions serve these definitions, not every padded page: the Hopper kernel maps ids
+    through padded pages of a power of two of tokens (and takes rows of 16384 ids), the small-head kernel
+    none; verify skips the other pairs, saying why."""
     from dsactl.verify import runner
 
     monkeypatch.setattr(runner.Candidate, "availability", lambda self: (True, "ok"))
@@ -344,16 +345,23 @@ def test_verify_leaves_padded_pages_to_the_triton_kernel(monkeypatch):
     pairs, skipped = runner.plan(candidates, PAGE_WORKLOADS)
     cuda = {s.name for s in solutions.SOLUTIONS if s.language == "cuda" and s.refuses}
     assert cuda & {c.name for c in candidates}
-    assert not [(c.name, w.uuid) for c, w in pairs if c.name in cuda and w.params.get("padded_pages")]
-    assert {s.reason for s in skipped if s.solution in cuda} == {
-        "padded pages, whose token ids are not rows (the Triton kernel's)"}
-    assert [w.uuid for c, w in pairs if c.name in cuda] == [
-        w.uuid for w in PAGE_WORKLOADS if get(w.definition).params["topk"] == 16384]
+
+    def page_size(w):
+        return get(w.definition).params["page_size"]
+
+    odd = {w.uuid for w in PAGE_WORKLOADS if w.params.get("padded_pages") and page_size(w) & (page_size(w) - 1)}
+    assert odd and odd != {w.uuid for w in PAGE_WORKLOADS if w.params.get("padded_pages")}
+    assert {w.uuid for c, w in pairs if c.name in cuda} == {w.uuid for w in PAGE_WORKLOADS} - odd
+    assert {(s.definition, s.reason) for s in skipped if s.solution in cuda} == {
+        (w.definition, f"padded pages of {page_size(w)} tokens, not a power of two (the Triton kernel's)")
+        for w in PAGE_WORKLOADS if w.uuid in odd}
     assert {w.uuid for c, w in pairs if c.name.startswith("dsactl-attention")} == {w.uuid for w in PAGE_WORKLOADS}
-    # The small-head kernel keeps a split's ids in shared memory: longer rows are another kernel's.
+    # The small-head kernel keeps a split's ids in shared memory (longer rows are another kernel's) and reads
+    # caches whose ids are rows.
     mma = next(s for s in solutions.SOLUTIONS if s.name.startswith("dsactl-attention-mma"))
-    assert mma.refuses({"topk": 2048}, {}) is None
-    assert mma.refuses({"topk": 4096}, {}) == "topk over 2048 (the Hopper or Triton kernel's)"
+    assert mma.refuses({"topk": 2048, "page_size": 64}, {}) is None
+    assert mma.refuses({"topk": 4096, "page_size": 64}, {}) == "topk over 2048 (the Hopper or Triton kernel's)"
+    assert mma.refuses({"topk": 2048, "page_size": 64}, {"padded_pages": True}) == solutions.PADDED_PAGES
 
 
 @pytest.mark.skipif(INTERPRETING, reason="the interpreter cases run in this process")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import inspect
+import math
 import re
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ from dsactl.build import cuda as build_cuda
 from dsactl.build import cuobjdump
 from dsactl import fp8
 from dsactl.definitions import get
+from dsactl.definitions.attention import reference as attention_reference
 from dsactl.kernels.errors import KernelError
 from dsactl.kernels import cuda_library
 from dsactl.kernels.attention import dispatch, hopper_mla, hopper_model
@@ -124,14 +126,23 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
 
     def call(heads=64, topk=2048, splits=1, num_tokens=1, q_stride=576, kv_a=fake, parts=(fake,) * 4,
              in_cluster=0, cache_tokens=4096, bad_count=fake, scale_log2=1.0,
-             kv_format=hopper_mla.KV_BF16, kv_b=fake, kv_a_stride=512, topk_length=None, tokens_per_length=1):
+             kv_format=hopper_mla.KV_BF16, kv_b=fake, kv_a_stride=512, topk_length=None, tokens_per_length=1,
+             page_shift=0, page_rows=1):
         return lib.dsa_hopper_mla_decode(fake, q_stride * heads, q_stride, fake, q_stride * heads, q_stride,
                                          kv_format, kv_a, kv_a_stride, kv_b, 64, fake, topk, num_tokens, heads, topk,
                                          splits, in_cluster, scale_log2, 1.0, fake, 512 * heads, 512,
                                          fake, heads, 1, *parts, cache_tokens, bad_count, None, None, topk_length,
-                                         tokens_per_length, float("-inf"), None)
+                                         tokens_per_length, float("-inf"), page_shift, page_rows, None)
 
-    bad_shape, bad_alignment, null, bad_cluster, bad_scale, bad_format = -1, -2, -3, -5, -7, -8
+    bad_shape, bad_alignment, null, bad_cluster, bad_scale, bad_format, bad_pages = -1, -2, -3, -5, -7, -8, -9
+    # Pages of 2^page_shift tokens at least that many rows apart, every row of the cache's ids below 2^32;
+    # staged rows are one an id.
+    assert call(page_shift=6, page_rows=65, num_tokens=0) == 0
+    assert call(page_shift=-1) == bad_pages and call(page_shift=31, page_rows=1 << 31) == bad_pages
+    assert call(page_shift=6, page_rows=63) == bad_pages and call(page_shift=6, page_rows=1 << 40) == bad_pages
+    assert call(page_shift=6, page_rows=1 << 26, cache_tokens=1 << 12, num_tokens=0) == 0  # rows below 2^32
+    assert call(page_shift=6, page_rows=1 << 26, cache_tokens=(1 << 12) + 1, num_tokens=0) == bad_pages
+    assert call(kv_format=hopper_mla.KV_STAGED, kv_a_stride=576, page_shift=6, page_rows=65) == bad_pages
     assert call(kv_format=3) == bad_format and call(kv_format=-1) == bad_format
     # FP8 staged: fp16 rows of 576 (16-byte aligned, strides of 8 elements) and 4-byte aligned factors.
     staged = hopper_mla.KV_STAGED
@@ -211,12 +222,39 @@ def test_launcher_rejects_malformed_inputs_with_clear_messages():
                 "sparse_indices": inputs["sparse_indices"].view(1, 2, 128)}
     with pytest.raises(KernelError, match="needs CUDA tensors"):
         _cpu_call(definition, requests, topk_length=torch.zeros(1, dtype=torch.int32))
-    padded = torch.zeros(5, 2, 65, 576, dtype=torch.bfloat16)[:, :, :64]  # pages of 64 tokens, 65 rows apart
-    with pytest.raises(KernelError, match="token ids are rows"):
+    padded = torch.zeros(5, 2, 62, 576, dtype=torch.bfloat16)[:, :, :61]  # pages of 61 tokens, 62 rows apart
+    with pytest.raises(KernelError, match="pages of a power of two of tokens padded by whole rows"):
         _cpu_call(definition, {"ckv_cache": padded[..., :512].flatten(0, 1), "kpe_cache": padded[..., 512:].flatten(0, 1)})
     fp8 = definition_name(128, 64, "_fp8kv")
     with pytest.raises(KernelError, match="kv_cache tokens must be 656 contiguous bytes"):
         _cpu_call(fp8, {"kv_cache": case_inputs(fp8, 2, 40, "cpu")["kv_cache"].transpose(0, 1)})
+
+
+def test_page_map_addresses_rows_and_padded_pages_of_a_power_of_two():
+    """(page_shift, page_rows) of the caches the kernel reads, None for the ones it leaves to the Triton kernel."""
+    def fp8_cache(pages, tokens, rows):
+        return torch.zeros(pages, rows, 656, dtype=torch.int8)[:, :tokens]
+
+    def bf16_caches(pages, tokens, rows, kpe_rows=None):
+        both = torch.zeros(pages, rows, 576, dtype=torch.bfloat16)[:, :tokens]
+        kpe = both[..., 512:] if kpe_rows is None else torch.zeros(pages, kpe_rows, 64, dtype=torch.bfloat16)[:, :tokens]
+        return both[..., :512], kpe
+
+    assert hopper_mla.page_map(None, None, fp8_cache(8, 64, 64)) == (0, 1)  # evenly strided: ids are rows
+    assert hopper_mla.page_map(None, None, fp8_cache(8, 64, 65)) == (6, 65)  # FlashMLA's tests' blocks
+    assert hopper_mla.page_map(None, None, fp8_cache(8, 2, 3)) == (1, 3)
+    assert hopper_mla.page_map(None, None, fp8_cache(8, 61, 62)) is None  # a division per id
+    assert hopper_mla.page_map(None, None, torch.zeros(8, 64, 672, dtype=torch.int8)[..., :656]) is None
+    assert hopper_mla.page_map(*bf16_caches(8, 64, 64), None) == (0, 1)
+    assert hopper_mla.page_map(*bf16_caches(8, 256, 257), None) == (8, 257)
+    assert hopper_mla.page_map(*bf16_caches(8, 64, 65, kpe_rows=66), None) is None  # one map for both caches
+    assert hopper_mla.page_map(*bf16_caches(8, 64, 64, kpe_rows=65), None) is None
+    # Every row of the cache's ids fits 32 bits: pages of 64 tokens 200 rows apart, up to 21474837 pages.
+    def huge(pages):  # shapes and strides only
+        return torch.empty_strided((pages, 64, 656), (200 * 656, 656, 1), dtype=torch.int8, device="meta")
+
+    assert hopper_mla.page_map(None, None, huge(21474837)) == (6, 200)
+    assert hopper_mla.page_map(None, None, huge(21474838)) is None
 
 
 def test_valid_cpu_inputs_pass_every_check_then_need_a_gpu():
@@ -562,6 +600,69 @@ def test_gpu_other_topk_sizes(topk, suffix):
 
 @pytest.mark.gpu
 @on_sm90
+@pytest.mark.parametrize("page_size", [2, 64, 256])
+@pytest.mark.parametrize("heads", [32, 64, 128])
+@pytest.mark.parametrize("suffix", ["_lsee_topklen_sink", "_fp8kv", "_fp8kv_lsee_topklen_sink"])
+def test_gpu_padded_pages_of_a_power_of_two(page_size, heads, suffix):
+    """Pages padded by a poisoned row, as FlashMLA's tests allocate blocks: ids reach their rows through the
+    page map on every producer (bf16 rows, FP8 with and without the L2 prefetch, the 128-head cluster)."""
+    definition = f"dsa_sparse_attention_h{heads}_ckv512_kpe64_topk2048_ps{page_size}{suffix}"
+    inputs = case_inputs(definition, 3, 8192 // page_size, "cuda", seed=page_size, pattern="scattered",
+                         valid=(2048, 700, 0), padded_pages=True)
+    caches = [inputs.get(name) for name in ("ckv_cache", "kpe_cache", "kv_cache")]
+    assert hopper_mla.page_map(*caches) == (page_size.bit_length() - 1, page_size + 1)
+    for num_splits in (None, 1, 3):
+        assert_matches_reference(definition, inputs, _call(definition, inputs, num_splits))
+
+
+@pytest.mark.gpu
+@on_sm90
+@pytest.mark.parametrize("heads", [64, 128])
+@pytest.mark.parametrize("fp8kv", [False, True])
+def test_gpu_requests_that_do_not_view_as_tokens_run_a_launch_per_position(heads, fp8kv):
+    """FlashMLA's tests' layout: q and ids padded in every dimension ([B, S] does not flatten), pages of 64
+    tokens 65 rows apart, one topk_length a request, a sink and max_logits; as the reference reads the same
+    tokens in id order."""
+    g = torch.Generator(device="cuda").manual_seed(heads + fp8kv)
+    pages, page_tokens, requests, s_q, topk = 40, 64, 5, 3, 512
+    definition = definition_name(heads, topk, "_fp8kv" if fp8kv else "")
+    if fp8kv:
+        rows = case_inputs(definition, 1, pages + 1, "cuda", seed=3)["kv_cache"].reshape(-1, 656)
+        padded = rows[:pages * (page_tokens + 1)].reshape(pages, page_tokens + 1, 656)
+        caches = {"kv_cache": padded[:, :page_tokens]}
+    else:
+        padded = torch.randn(pages, page_tokens + 1, 576, generator=g, device="cuda").bfloat16()
+        caches = {"ckv_cache": padded[:, :page_tokens, :512], "kpe_cache": padded[:, :page_tokens, 512:]}
+    q = torch.randn(requests + 1, s_q + 1, heads + 1, 704, generator=g, device="cuda").bfloat16()[:requests, :s_q, :heads, :576]
+    ids = torch.randint(-1, pages * page_tokens, (requests + 1, s_q + 1, topk + 128), generator=g, device="cuda",
+                        dtype=torch.int32)[:requests, :s_q, :topk]
+    lengths = torch.tensor([topk, 17, 0, 300, 64], dtype=torch.int32, device="cuda")
+    sink = torch.tensor([0.5, float("inf"), float("-inf"), -1.0] * (heads // 4), device="cuda")
+    tokens = requests * s_q
+    output = torch.full((tokens, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
+    lse, max_logits = (torch.full((tokens, heads), float("nan"), device="cuda") for _ in range(2))
+    assert hopper_mla._by_position(q[..., :512], q[..., 512:], ids)
+    assert hopper_mla.fits(q[..., :512], q[..., 512:], ids, output, **caches)
+    hopper_mla.sparse_mla_attention(q[..., :512], q[..., 512:], ids, 0.1, output, lse, **caches, topk_length=lengths,
+                                    attn_sink=sink, max_logits=max_logits, lse_base_e=True, empty_lse=float("inf"))
+    flat = {name: c.reshape(-1, c.shape[-1]).unsqueeze(1) for name, c in caches.items()}  # the tokens in id order
+    want_out, want_lse = attention_reference(q[..., :512].reshape(-1, heads, 512), q[..., 512:].reshape(-1, heads, 64),
+                                             ids.reshape(-1, topk), 0.1, **flat,
+                                             topk_length=lengths.repeat_interleave(s_q), lse_base=math.e)
+    want_lse = torch.where(want_lse == float("-inf"), float("inf"), want_lse)
+    keep = 1 / (1 + torch.exp(sink[None, :] - want_lse))  # the sink scales the output, never the lse
+    want_out = torch.where(want_lse[..., None] == float("inf"), 0.0, want_out.float() * keep[..., None])
+    assert torch.allclose(output.float(), want_out, atol=2e-2, rtol=2e-2)
+    assert torch.allclose(lse, want_lse, atol=1e-3, rtol=1e-3)
+    triton_max = torch.full_like(max_logits, float("nan"))  # the Triton kernel's, held to the reference elsewhere
+    tsm.sparse_mla_attention(q[..., :512], q[..., 512:], ids, 0.1, torch.empty_like(output), torch.empty_like(lse),
+                             **caches, topk_length=lengths, attn_sink=sink, max_logits=triton_max, lse_base_e=True)
+    assert torch.equal(max_logits.isinf(), triton_max.isinf()) and bool((max_logits == float("-inf")).any())
+    assert torch.allclose(max_logits, triton_max, atol=1e-3, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@on_sm90
 def test_gpu_strided_views_of_one_576_wide_tensor():
     """q_nope/q_pe and ckv/kpe as slices of one [.., 576] tensor, as MLA stores them."""
     g = torch.Generator(device="cuda").manual_seed(7)
@@ -639,13 +740,16 @@ def test_dispatch_reads_the_facts_of_a_call_from_its_tensors(monkeypatch):
     q = torch.randn(2, 64, 513).bfloat16()[..., 1:]
     assert not hopper_mla.fits(q, call["q_pe"], call["sparse_indices"], call["output"],
                                call["ckv_cache"], call["kpe_cache"])
-    # Requests ([B, S, ...]) that view as tokens fit; interleaved ones would need a copy.
+    # Requests ([B, S, ...]) that view as tokens are one launch; interleaved ones a launch per position.
     ids = call["sparse_indices"]
     caches = (call["ckv_cache"], call["kpe_cache"])
     q = torch.randn(2, 2, 64, 576).bfloat16()
-    assert hopper_mla.fits(q[..., :512], q[..., 512:], ids.repeat(2, 1).view(2, 2, -1), call["output"], *caches)
+    requests = (q[..., :512], q[..., 512:], ids.repeat(2, 1).view(2, 2, -1))
+    assert hopper_mla.fits(*requests, call["output"], *caches) and not hopper_mla._by_position(*requests)
     q = q.transpose(0, 1)
-    assert not hopper_mla.fits(q[..., :512], q[..., 512:], ids.repeat(2, 1).view(2, 2, -1), call["output"], *caches)
+    requests = (q[..., :512], q[..., 512:], ids.repeat(2, 1).view(2, 2, -1))
+    assert hopper_mla.fits(*requests, call["output"], *caches) and hopper_mla._by_position(*requests)
+    assert not hopper_mla.fits(q[..., :512], q[..., 512:], ids.repeat(2, 1).view(2, 2, 1, -1), call["output"], *caches)
     assert solution.implementation_for(**call, implementation="hopper") == dispatch.HOPPER
     monkeypatch.setenv(dispatch.ATTENTION_KERNEL_ENV, "hopper")
     assert solution.implementation_for(**call) == dispatch.HOPPER

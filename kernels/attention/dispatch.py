@@ -3,7 +3,8 @@ table of it that `dsactl list` prints.
 
 On sm_90 GPUs two CUDA kernels serve the shapes they were built for, each within its limits:
 - the Hopper kernel (hopper_mla.cu), every variant (topk a multiple of 64 up to HOPPER_MAX_TOPK, token ids
-  that are rows, at most 65535 tokens, 16-byte aligned rows), from HOPPER_MIN_TOKENS query tokens per (heads,
+  that are rows or pages of a power of two of tokens padded by rows, at most 65535 tokens, 16-byte aligned
+  rows), from HOPPER_MIN_TOKENS query tokens per (heads,
   KV format) up to HOPPER_MAX_TOKENS; below 64 heads it computes a whole 64-row tile, and serves 16 and 32
   heads where that still wins. A sink or topk_length changes only its epilogue and row lengths, so the
   thresholds measured without them hold;
@@ -71,8 +72,8 @@ class Row:
 TABLE = (
     Row(HOPPER, "kernels/attention/hopper_mla.cu (CUDA)", "sm_90", "16, 32, 64, 128",
         "bf16 or FP8 KV (32 heads from 4 tokens; 16 heads FP8 only, 16-32 tokens; prefill-sized FP8 calls stage "
-        "the cache as fp16 rows), every variant; topk a multiple of 64 up to 16384, token ids that are rows, at "
-        "most 65535 tokens, 16-byte aligned rows"),
+        "the cache as fp16 rows), every variant; topk a multiple of 64 up to 16384, token ids that are rows or "
+        "pages of 2^k tokens padded by rows, at most 65535 tokens, 16-byte aligned rows"),
     Row(MMA, "kernels/attention/mma_mla.cu (CUDA)", "sm_90", "16, 32",
         f"FP8 KV, every call the row above does not take, from {MMA_MIN_TOKENS[16]} tokens at 16 heads and "
         f"{MMA_MIN_TOKENS[32]} at 32; topk up to 2048, at most 65535 tokens, 16-byte aligned rows"),

@@ -14,6 +14,9 @@
 //     FP8 staged: that cache dequantized ahead of the kernel into fp16 rows of 576 (ckv then rope; row
 //           stride a multiple of 8 elements, 16-byte aligned base), each token scaled down by 2^-shift as
 //           the FP8 path scales it (below), and the fp32 factors 2^shift [tokens] (produce_rows).
+//   The cache's rows in pages of 2^page_shift tokens, page_rows rows apart (page_rows > 2^page_shift:
+//     pages padded by rows, as FlashMLA's tests allocate them; 0 and 1: ids are rows): id i is row
+//     (i >> page_shift) * page_rows + (i & (2^page_shift - 1)) (token_row). Staged rows are ids.
 //   indices [T, topk] int32 physical token ids, topk a multiple of 64 in [64, 16384]; any negative
 //     id (the contract's -1) is masked anywhere in the row: score -inf, row never dereferenced.
 //     Optional topk_length [T / tokens_per_length] int32: token t's row ends at
@@ -204,16 +207,17 @@ static_assert(kFp8KpeOffset == kFp8ScaleOffset + kNumScales * 4 && kFp8TokenByte
 
 // Register split (setmaxnreg): the consumers hold O (64 x 256 fp32 over 128 threads: 128
 // registers) plus S and the softmax state; the producer only addresses (bf16) or one raw token
-// slice in flight plus the next and, in a cluster, the peer's addresses (FP8: 72 spilled there, and
-// 80 spilled 8 bytes in the unclustered FP8 kernel once it merged two splits in a cluster, so 8 came
-// from consumer 1, which holds O and, before it, the FP8 Q load's 18 pieces).
+// slice in flight plus the next and, in a cluster, the peer's addresses (FP8: 72 spilled there; 80
+// spilled in the unclustered FP8 kernel once it merged two splits in a cluster, and 88 once it mapped
+// ids through padded pages, so 16 came from consumer 1, which holds O and, before it, the FP8 Q load's
+// 18 pieces: fp8_q_piece addresses them with no division, which 184 needed).
 constexpr uint32_t kRegisterFile = 65536;
 constexpr uint32_t kEntryRegs = kRegisterFile / kThreads / 8 * 8;  // __launch_bounds__(384, 1): 168
 template <bool kFp8>
 struct Regs {
-  static constexpr uint32_t kProducer = kFp8 ? 88 : 40;
+  static constexpr uint32_t kProducer = kFp8 ? 96 : 40;
   static constexpr uint32_t kSoftmax = kFp8 ? 232 : 240;  // consumer 0: O, S and P's A fragments
-  static constexpr uint32_t kPv = kFp8 ? 184 : 224;       // consumer 1: O
+  static constexpr uint32_t kPv = kFp8 ? 176 : 224;       // consumer 1: O
   static_assert(kProducer <= kEntryRegs && kSoftmax >= kEntryRegs && kPv >= kEntryRegs,
                 "setmaxnreg.dec lowers, .inc raises");
 };
@@ -261,6 +265,9 @@ struct Params {
   const int* topk_length;
   int tokens_per_length;  // query tokens a topk_length entry covers (a request's)
   float empty_lse;        // the lse of a row with no valid id
+  // Pages of 2^page_shift tokens, page_rows token rows apart (a page padded by rows: FlashMLA's tests);
+  // page_shift 0 with page_rows 1: ids are rows.
+  uint32_t page_shift, page_mask, page_rows;
 };
 
 // bf16 with Q by TMA: q_nope and q_pe as [tokens][heads][512 | 64] tensor maps, 64 x 64 boxes, 128-byte
@@ -367,6 +374,13 @@ __device__ __forceinline__ int gather_index(const Params& p, const Work& w, int 
   return j < w.n_mine ? split_id(p, w, j) : -1;
 }
 
+// The row of token id idx (< cache_tokens): page idx >> page_shift, token idx & (2^page_shift - 1) in it.
+// 32-bit, as the id was: the launcher checks that every row of the cache fits.
+__device__ __forceinline__ uint32_t token_row(const Params& p, int idx) {
+  const uint32_t u = static_cast<uint32_t>(idx);
+  return (u >> p.page_shift) * p.page_rows + (u & p.page_mask);
+}
+
 // Whether an id is gathered: one unsigned compare masks -1 and every id outside [0, cache_tokens), so
 // no input value makes a gather leave the cache.
 __device__ __forceinline__ bool in_cache(const Params& p, int idx) {
@@ -441,7 +455,7 @@ __device__ void produce_rows(const Params& p, const Smem& sm, const Work& w) {
       const bool valid = in_cache(p, idx[pass]);
       // A masked row is zero-filled without a read: P = 0 there, and 0 * garbage could be NaN.
       const uint32_t bytes = valid ? 16 : 0;
-      const long long row = valid ? idx[pass] : 0;
+      const long long row = valid ? token_row(p, idx[pass]) : 0;
       const uint16_t* ckv_row = ckv + row * p.kv_a_stride + piece * 8;
       const uint32_t dst = sm.k(stage) + swizzled(token, piece);
 #pragma unroll
@@ -486,7 +500,8 @@ __device__ __forceinline__ Fp8Slice load_fp8(const Params& p, int idx) {
   Fp8Slice s;
   s.idx = in_cache(p, idx) ? idx : -1;
   if (s.idx >= 0) {
-    const uint8_t* token = static_cast<const uint8_t*>(p.kv_a) + static_cast<long long>(s.idx) * kFp8TokenBytes;
+    const uint8_t* token =
+        static_cast<const uint8_t*>(p.kv_a) + static_cast<long long>(token_row(p, s.idx)) * kFp8TokenBytes;
 #pragma unroll
     for (int g = 0; g < kNumScales; ++g) s.e[g] = ld_global_nc_v4(token + g * kScaleGroup + piece * 16);
     const uint4 raw = ld_global_nc_v4(token + kFp8ScaleOffset);
@@ -696,7 +711,8 @@ __device__ void produce_fp8(const Params& p, const Smem& sm, const Work& w, int 
   const int pf_offset = min(static_cast<int>(threadIdx.x % kLanesPerToken) * 128, kFp8TokenBytes - 1);
   const auto prefetch = [&](int idx) {
     if (in_cache(p, idx)) {
-      prefetch_l2(static_cast<const uint8_t*>(p.kv_a) + static_cast<long long>(idx) * kFp8TokenBytes + pf_offset);
+      prefetch_l2(static_cast<const uint8_t*>(p.kv_a) + static_cast<long long>(token_row(p, idx)) * kFp8TokenBytes +
+                  pf_offset);
     }
   };
   Fp8Slice even = load_fp8(p, next_index(idx_ptr, j_left, kMyPasses == 1));
@@ -1282,8 +1298,8 @@ __device__ void consume_pv(const Params& p, const Smem& sm, const Work& w, uint3
   merge_in_cluster(p, sm, w, true);
 }
 
-// Q [64 heads x 576] -> the resident swizzled tile (64 rows x 72 pieces), piece q: where it comes from,
-// where it goes, its row.
+// Q [64 heads x 576] -> the resident swizzled tile (64 rows x 9 chunks x 8 pieces): where piece `piece`
+// of chunk `chunk` of row `row` comes from, where it goes, its row.
 struct QPiece {
   const __nv_bfloat16* src;
   uint32_t dst;
@@ -1292,10 +1308,8 @@ struct QPiece {
 };
 constexpr int kQPieces = kHeadsPerCta * kChunks * kPiecesPerRow;
 
-__device__ __forceinline__ QPiece q_piece(const Params& p, const Smem& sm, const Work& w, int q) {
-  const int row = q / (kChunks * kPiecesPerRow);
-  const int chunk = (q / kPiecesPerRow) % kChunks;
-  const int piece = q % kPiecesPerRow;
+__device__ __forceinline__ QPiece q_piece(const Params& p, const Smem& sm, const Work& w, int row, int chunk,
+                                          int piece) {
   const int head = w.group * kHeadsPerCta + row;
   const bool live = head < p.heads;
   const long long read_head = live ? head : 0;
@@ -1304,6 +1318,24 @@ __device__ __forceinline__ QPiece q_piece(const Params& p, const Smem& sm, const
           ? p.q_nope + w.t * p.q_nope_stride_t + read_head * p.q_nope_stride_h + chunk * kChunkElems + piece * 8
           : p.q_pe + w.t * p.q_pe_stride_t + read_head * p.q_pe_stride_h + piece * 8;
   return {src, sm.q() + chunk * kChunkBytes + swizzled(row, piece), row, live};
+}
+
+// The q-th piece of the tile in row-major order (chunks, then pieces): consecutive threads, consecutive
+// 16 bytes of a row.
+__device__ __forceinline__ QPiece q_piece(const Params& p, const Smem& sm, const Work& w, int q) {
+  return q_piece(p, sm, w, q / (kChunks * kPiecesPerRow), (q / kPiecesPerRow) % kChunks, q % kPiecesPerRow);
+}
+
+// FP8's Q loaders (the 256 consumer threads): loader l reads piece l % 8 of every chunk of rows l / 8 and
+// l / 8 + 32, so its k-th piece's row and chunk are constants of k and it addresses two heads, where the
+// row-major order took a division per piece (with the page map in the gather, that spilled).
+constexpr int kQLoaderRowStep = kConsumerThreads / kPiecesPerRow;  // 32
+constexpr int kQLoaderPieces = kQPieces / kConsumerThreads;        // 18: kChunks pieces of 2 rows
+static_assert(kQLoaderRowStep * (kQLoaderPieces / kChunks) == kHeadsPerCta && kQLoaderPieces % kChunks == 0,
+              "the FP8 Q loaders cover every row once");
+__device__ __forceinline__ QPiece fp8_q_piece(const Params& p, const Smem& sm, const Work& w, int loader, int k) {
+  return q_piece(p, sm, w, loader / kPiecesPerRow + (k / kChunks) * kQLoaderRowStep, k % kChunks,
+                 loader % kPiecesPerRow);
 }
 
 // bf16: Q as it is, by every thread of the CTA (cp.async), fenced for wgmma (the async proxy); the
@@ -1353,15 +1385,14 @@ __device__ __forceinline__ uint4 q_load(const QPiece& q) {
 }
 
 __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, const Work& w, int loader) {
-  constexpr int kPerThread = kQPieces / kConsumerThreads;
-  static_assert(kQPieces % kConsumerThreads == 0, "the Q pieces divide evenly over the consumer threads");
+  constexpr int kPerThread = kQLoaderPieces;
   uint4 raw[kPerThread];
 #pragma unroll
-  for (int k = 0; k < kPerThread; ++k) raw[k] = q_load(q_piece(p, sm, w, k * kConsumerThreads + loader));
+  for (int k = 0; k < kPerThread; ++k) raw[k] = q_load(fp8_q_piece(p, sm, w, loader, k));
   uint32_t largest = 0;
 #pragma unroll
   for (int k = 0; k < kPerThread; ++k) {
-    st_shared_v4(q_piece(p, sm, w, k * kConsumerThreads + loader).dst, bf16x8_to_f16x8(raw[k]));
+    st_shared_v4(fp8_q_piece(p, sm, w, loader, k).dst, bf16x8_to_f16x8(raw[k]));
     largest = max(largest, bf16x8_absmax_bits(raw[k]));
   }
   fence_proxy_async();
@@ -1371,13 +1402,13 @@ __device__ __forceinline__ bool load_q_f16(const Params& p, const Smem& sm, cons
   int* row_bits = sm.row_bits();  // cleared in the kernel's prologue
 #pragma unroll 1
   for (int k = 0; k < kPerThread; ++k) {
-    const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
+    const QPiece q = fp8_q_piece(p, sm, w, loader, k);
     atomicMax(&row_bits[q.row], bf16x8_absmax_bits(q_load(q)));
   }
   named_barrier_sync(kBarQReady, kConsumerThreads);
 #pragma unroll 1
   for (int k = 0; k < kPerThread; ++k) {
-    const QPiece q = q_piece(p, sm, w, k * kConsumerThreads + loader);
+    const QPiece q = fp8_q_piece(p, sm, w, loader, k);
     st_shared_v4(q.dst, bf16x8_to_f16x8(q_load(q), pow2(-q_row_shift(row_bits[q.row]))));
   }
   fence_proxy_async();
@@ -1495,6 +1526,7 @@ enum ErrorCode : int {
   kNoTensorMaps = -6,
   kBadLogitScale = -7,
   kBadKvFormat = -8,
+  kBadPages = -9,
 };
 
 // The KV forms dsa_hopper_mla_decode takes (kv_format).
@@ -1585,6 +1617,7 @@ using namespace hopper_mla;
 
 // Every non-negative int32 id is below this: a larger cache bounds nothing more.
 constexpr long long kMaxCacheTokens = 1LL << 31;
+constexpr int kMaxPageShift = 30;  // a page of 2^30 tokens already spans every int32 id
 
 extern "C" {
 
@@ -1604,7 +1637,8 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                           long long lse_stride_t, long long lse_stride_h,
                           void* part_acc, float* part_m, float* part_l, float* part_scale, long long cache_tokens,
                           int* bad_index_count, const float* attn_sink, float* max_logits, const int* topk_length,
-                          int tokens_per_length, float empty_lse, cudaStream_t stream) {
+                          int tokens_per_length, float empty_lse, int page_shift, long long page_rows,
+                          cudaStream_t stream) {
   if (kv_format != kKvBf16 && kv_format != kKvFp8 && kv_format != kKvStaged) return kBadKvFormat;
   if (heads != 16 && heads != 32 && heads != 64 && heads != 128) return kBadShape;
   if (topk < kBlockTokens || topk > kMaxTopk || topk % kBlockTokens != 0) return kBadShape;
@@ -1612,6 +1646,14 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
       (topk_length != nullptr && tokens_per_length < 1)) {
     return kBadShape;
   }
+  // Pages of 2^page_shift tokens page_rows rows apart: every row of the cache's ids fits 32 bits (token_row).
+  if (page_shift < 0 || page_shift > kMaxPageShift || page_rows < (1LL << page_shift) || page_rows > UINT32_MAX ||
+      (kv_format == kKvStaged && page_shift != 0)) {
+    return kBadPages;
+  }
+  const long long ids = std::min(cache_tokens, kMaxCacheTokens);
+  const long long page_mask = (1LL << page_shift) - 1;
+  if (ids > 0 && ((ids - 1) >> page_shift) > (UINT32_MAX - page_mask) / page_rows) return kBadPages;
   if (num_tokens == 0) return kOk;
   if (q_nope == nullptr || q_pe == nullptr || kv_a == nullptr || indices == nullptr || out == nullptr ||
       lse == nullptr || bad_index_count == nullptr || (kv_format != kKvFp8 && kv_b == nullptr)) {
@@ -1640,8 +1682,9 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                  kv_b_stride, indices, indices_stride_t, topk, num_splits, heads, reduce_in_cluster != 0,
                  sm_scale_log2, lse_scale, static_cast<__nv_bfloat16*>(out), out_stride_t, out_stride_h, lse,
                  lse_stride_t, lse_stride_h, static_cast<__half*>(part_acc), part_m, part_l,
-                 static_cast<uint32_t>(std::min(cache_tokens, kMaxCacheTokens)), bad_index_count, part_scale,
-                 attn_sink, max_logits, topk_length, tokens_per_length, empty_lse};
+                 static_cast<uint32_t>(ids), bad_index_count, part_scale,
+                 attn_sink, max_logits, topk_length, tokens_per_length, empty_lse, static_cast<uint32_t>(page_shift),
+                 static_cast<uint32_t>(page_mask), static_cast<uint32_t>(page_rows)};
   const int split0_tokens = (topk + num_splits - 1) / num_splits;  // the most any split takes
   if (kv_format == kKvStaged) return launch<true, 1, false, true>(p, num_tokens, stream);
   if (kv_format == kKvBf16) {
@@ -1680,6 +1723,10 @@ const char* dsa_hopper_mla_error_string(int code) {
     case kNoTensorMaps: return "q could not be described as a TMA tensor map (cuTensorMapEncodeTiled refused it)";
     case kBadLogitScale: return "sm_scale_log2 must be positive (the launcher turns sm_scale <= 0 into that)";
     case kBadKvFormat: return "kv_format must be 0 (bf16), 1 (FP8) or 2 (FP8 staged as fp16 rows)";
+    case kBadPages:
+      static_assert(kMaxPageShift == 30, "the message below spells the limit out");
+      return "pages must hold 2^page_shift tokens (page_shift in [0, 30], 0 when staged), page_rows >= "
+             "2^page_shift rows apart, every row of the cache below 2^32";
     default: return code > 0 ? cudaGetErrorString(static_cast<cudaError_t>(code)) : "unknown error";
   }
 }

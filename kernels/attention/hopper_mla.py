@@ -7,12 +7,14 @@ the shapes this kernel serves: 16, 32, 64 or 128 heads (a CTA owns 64 heads of o
 tile's other rows are zero q, never written), topk a multiple of 64 up to 16384, bf16 KV (ckv_cache +
 kpe_cache) or FP8 KV (kv_cache, 656-byte tokens) whose token ids are rows, LSE base 2 or e, -1 indices
 anywhere, empty rows (output 0, lse -inf or empty_lse), topk_length, the attention sink and max_logits,
-q in requests ([B, S, H, 512] views that flatten to tokens). FP8 KV is dequantized to fp16 and
+q in requests ([B, S, H, 512]; where q or the ids do not view as tokens, a launch per position s). FP8 KV is dequantized to fp16 and
 multiplied in fp16 (Q converted once), as bf16 rounding of the dequantized values fails the contest
 tolerance (hopper_mla.cu says why); rows of Q and tokens with values past fp16's range are scaled into
-it by powers of two and scaled back in fp32 (exact), up to token values of 2^31. Not served: pages whose
-token ids are not rows (padded blocks; the Triton kernel serves them). Runs only on compute capability 9.0
-(sm_90a: wgmma, setmaxnreg); any other GPU is refused before the library is loaded.
+it by powers of two and scaled back in fp32 (exact), up to token values of 2^31. Pages may be padded by
+rows (FlashMLA's tests allocate block_size + 1 rows a block) where they hold a power of two of tokens:
+the kernel maps an id to its row by a shift and a mask (page_map). Not served: other page sizes of padded
+pages, whose ids would need a division (the Triton kernel serves them). Runs only on compute capability
+9.0 (sm_90a: wgmma, setmaxnreg); any other GPU is refused before the library is loaded.
 
 Alignment: every tensor's base is 16-byte aligned and every row stride (q, caches, output) a
 multiple of 8 elements, so each 16-byte copy of the kernel is aligned; a view that breaks this is
@@ -177,6 +179,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         p, p, p, p,  # partials: acc, m, l, scale
         i64, p,  # cache_tokens (ids are valid below it), int32 counter of the masked out-of-range ids
         p, p, p, i32, f32,  # attn_sink, max_logits, topk_length (each null: none), tokens a length, empty rows' lse
+        i32, i64,  # page_shift, page_rows (page_map)
         p,  # cudaStream_t
     ]
     lib.dsa_hopper_mla_error_string.restype = ctypes.c_char_p
@@ -211,15 +214,54 @@ def _tokens(t: torch.Tensor, dims: int) -> torch.Tensor | None:
         return None
 
 
+MAX_PAGE_SHIFT = 30  # hopper_mla.cu's kMaxPageShift
+ROW_LIMIT = 1 << 32  # token_row is 32-bit
+
+
+def page_map(ckv_cache, kpe_cache, kv_cache) -> tuple[int, int] | None:
+    """(page_shift, page_rows): the cache as pages of 2^page_shift tokens, page_rows token rows apart, each
+    token one row (FP8: 656 contiguous bytes; bf16: ckv and kpe rows of one row stride each), whose rows all
+    have 32-bit numbers; (0, 1) where ids are rows. None where the kernel cannot address the cache that way."""
+    caches = (kv_cache,) if kv_cache is not None else (ckv_cache, kpe_cache)
+    maps = set()
+    for cache in caches:
+        page_tokens, page_stride, token_stride = tsm.page_geometry(cache)
+        if kv_cache is not None and token_stride != MLA_TOKEN_BYTES:
+            return None
+        if page_tokens == 1:
+            maps.add((0, 1))
+        elif page_tokens & (page_tokens - 1) or token_stride <= 0 or page_stride % token_stride:
+            return None
+        else:
+            maps.add((page_tokens.bit_length() - 1, page_stride // token_stride))
+    if len(maps) != 1:
+        return None
+    shift, rows = maps.pop()
+    last = tsm.cache_tokens(ckv_cache, kv_cache) - 1
+    if shift > MAX_PAGE_SHIFT or rows < 1 << shift or (last >= 0 and (last >> shift) * rows + (1 << shift) > ROW_LIMIT):
+        return None
+    return shift, rows
+
+
+def _by_position(q_nope, q_pe, sparse_indices) -> bool:
+    """Whether requests ([B, S, ...]) run as S launches of B tokens, one per position s in the requests: where q
+    or the ids do not view as tokens (FlashMLA's tests pad every dimension of both)."""
+    return (q_nope.dim() == 4 and q_pe.dim() == 4 and sparse_indices.dim() == 3
+            and None in (_tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)))
+
+
 def _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache) -> None:
     """What this kernel needs beyond the operator's contract (tsm.check_inputs): q and ids as tokens, its
     token and topk limits and 16-byte alignment. Reads only the leading dims, so it may run before the
     contract."""
+    if _by_position(q_nope, q_pe, sparse_indices):
+        q_nope, q_pe, sparse_indices = q_nope[:, 0], q_pe[:, 0], sparse_indices[:, 0]  # a launch's tokens
     q_nope, q_pe, sparse_indices = _tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)
     _check(q_nope is not None and q_pe is not None and sparse_indices is not None,
-           "takes q and ids as tokens ([T, H, 512], [T, topk]) or requests that view as tokens: use the Triton kernel")
-    _check(tsm.ids_are_rows(ckv_cache, kpe_cache, kv_cache),
-           "reads caches whose token ids are rows (evenly strided pages, contiguous FP8 tokens): use the Triton kernel")
+           "takes q and ids as tokens ([T, H, 512], [T, topk]) or in requests ([B, S, H, 512], [B, S, topk])")
+    _check(page_map(ckv_cache, kpe_cache, kv_cache) is not None,
+           "reads caches of evenly strided pages, or of pages of a power of two of tokens padded by whole rows, "
+           "FP8 tokens contiguous: use the Triton kernel")
     num_tokens, topk = sparse_indices.shape[0], sparse_indices.shape[-1]
     _check(num_tokens <= MAX_TOKENS, f"at most {MAX_TOKENS} query tokens per call, got {num_tokens}")
     _check(topk % BLOCK_TOKENS == 0 and topk <= MAX_TOPK,
@@ -252,12 +294,12 @@ def sparse_mla_attention(
     num_splits: int | None = None, reduce_in_cluster: bool | None = None,
     staged: bool | None = None, check: bool | None = None, count_bad_ids: bool = True,
 ) -> None:
-    """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention; q and
-    ids in requests must view as tokens). num_splits overrides the split formula, reduce_in_cluster
-    the choice of merging the splits in a cluster rather than by the combine kernel, staged the choice of
-    staging an FP8 cache as fp16 rows first (stages_cache). Ids outside the cache are masked and counted in
-    the Triton launcher's counter (bad_index_count); check (default: DSACTL_CHECK=1) refuses them on the
-    host first."""
+    """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention; requests
+    whose q or ids do not view as tokens run as a launch per position, _by_position). num_splits overrides
+    the split formula, reduce_in_cluster the choice of merging the splits in a cluster rather than by the
+    combine kernel, staged the choice of staging an FP8 cache as fp16 rows first (stages_cache). Ids outside
+    the cache are masked and counted in the Triton launcher's counter (bad_index_count); check (default:
+    DSACTL_CHECK=1) refuses them on the host first."""
     num_tokens, heads, topk, fp8kv = check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache,
                                                   kpe_cache, kv_cache, topk_length, attn_sink)
     if max_logits is not None:
@@ -267,11 +309,27 @@ def sparse_mla_attention(
     tokens_in_cache = tsm.cache_tokens(ckv_cache, kv_cache)
     if checking(check):
         tsm.check_ids_in_cache(sparse_indices, topk_length, tokens_in_cache, WHO)
+    if _by_position(q_nope, q_pe, sparse_indices):
+        requests, positions = sparse_indices.shape[:2]
+
+        def at(t, s):  # position s of every request, of an output [B * S, ...]
+            return None if t is None else t.view(requests, positions, *t.shape[1:])[:, s]
+
+        for s in range(positions):  # one length a request is one length a token of a position
+            sparse_mla_attention(q_nope[:, s], q_pe[:, s], sparse_indices[:, s], sm_scale, at(output, s), at(lse, s),
+                                 ckv_cache=ckv_cache, kpe_cache=kpe_cache, kv_cache=kv_cache, topk_length=topk_length,
+                                 attn_sink=attn_sink, lse_base_e=lse_base_e, max_logits=at(max_logits, s),
+                                 empty_lse=empty_lse, num_splits=num_splits, reduce_in_cluster=reduce_in_cluster,
+                                 staged=staged, check=False, count_bad_ids=count_bad_ids)
+        return
     tokens_per_length = q_nope.shape[1] if q_nope.dim() == 4 else 1  # a length a request
     q_nope, q_pe, sparse_indices = _tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)
     if num_tokens == 0:
         return
-    staged = fp8kv and (stages_cache(num_tokens, heads, topk, tokens_in_cache) if staged is None else staged)
+    page_shift, page_rows = page_map(ckv_cache, kpe_cache, kv_cache)
+    # Staging writes one row an id: from a cache whose ids are rows.
+    staged = fp8kv and page_shift == 0 and (stages_cache(num_tokens, heads, topk, tokens_in_cache) if staged is None
+                                            else staged)
     splits = num_splits or launch_splits(num_tokens, heads, topk, fp8kv, device)
     _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
     # Staged rows are gathered per CTA, as bf16's: no head-group cluster to keep the splits' cluster from.
@@ -315,7 +373,7 @@ def sparse_mla_attention(
             *(None if t is None else t.data_ptr() for t in partials),
             tokens_in_cache, tsm.bad_index_tensor(device, count_bad_ids).data_ptr(),
             *(None if t is None else t.data_ptr() for t in (attn_sink, max_logits, topk_length)),
-            tokens_per_length, empty_lse, torch.cuda.current_stream(device).cuda_stream,
+            tokens_per_length, empty_lse, page_shift, page_rows, torch.cuda.current_stream(device).cuda_stream,
         )
     if code != 0:
         raise KernelError(f"{WHO}: kernel launch failed: {lib.dsa_hopper_mla_error_string(code).decode()} "
