@@ -5,11 +5,11 @@ checkout at .baselines/DeepGEMM where one is (CI has none: those tests skip). Ru
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from fake_checkout import write_checkout
 
 from dsactl.compat import deep_gemm as drop_in
 from dsactl.conformance import deep_gemm as runner
@@ -81,10 +81,7 @@ SM100_FP4 = "DeepGEMM runs it on sm_100 only (is_fp4=True)"
 
 @pytest.fixture
 def fake(tmp_path):
-    for name, text in FAKE.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(textwrap.dedent(text).lstrip())
-    return tmp_path
+    return write_checkout(tmp_path, FAKE)
 
 
 def test_deep_gemm_resolves_to_the_drop_in_with_the_checkouts_helpers_and_is_put_back(fake):

@@ -5,11 +5,11 @@ here). The real cases need DeepGEMM built on a GPU (profiles/reproduce.sh deepge
 
 import csv
 import sys
-import textwrap
 from types import ModuleType
 
 import pytest
 import torch
+from fake_checkout import write_checkout
 
 from dsactl.compat import deep_gemm as drop_in
 from dsactl.conformance import deep_gemm_timing as timing
@@ -111,10 +111,7 @@ REAL_SCHEDULE = "DeepGEMM's schedule"
 
 @pytest.fixture
 def fake(tmp_path):
-    for name, text in FAKE.items():
-        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
-        (tmp_path / name).write_text(textwrap.dedent(text).lstrip())
-    return tmp_path
+    return write_checkout(tmp_path, FAKE)
 
 
 class Real(ModuleType):
