@@ -6,8 +6,8 @@ raise.
     step = dsactl.ops.DecodeStep(batch=32, max_context=32768, heads=128, kv_format="fp8", device="cuda")
     counters = dsactl.ops.bad_index_counters("cuda")  # live int32 tensors by stage: read when you choose
 
-The ops are documented in kernels/ops.py, the steps in kernels/step.py and kernels/prefill_step.py. `import dsactl` alone imports
-neither torch nor this module, so the command line starts fast.
+The ops are documented in kernels/ops.py, the steps in kernels/step.py and kernels/prefill_step.py.
+`import dsactl` alone imports neither torch nor this module, so the command line starts fast.
 """
 
 from dsactl.kernels.errors import KernelBuildError, KernelError, KernelInputError

@@ -62,7 +62,7 @@ class DecodeStep:
         CHECKS.choice("index_heads", index_heads, INDEX_HEADS)
         if max_context < next_n:
             CHECKS.fail(f"max_context must be at least next_n ({next_n}): each request holds its {next_n} query "
-                  f"tokens, got {max_context}")
+                        f"tokens, got {max_context}")
         CHECKS.flag("lse_base_e", lse_base_e)
         self.batch, self.max_context, self.heads, self.kv_format = batch, max_context, heads, kv_format
         self.next_n, self.topk, self.index_heads, self.lse_base_e = next_n, topk, index_heads, lse_base_e

@@ -18,6 +18,17 @@ from dsactl.kernels.indexer.shapes import PREFILL_DIMS as DIMS
 NAME_RE = re.compile(r"^dsa_prefill_indexer_fp8_h(\d+)_d(\d+)_topk(\d+)$")
 
 
+def row_keys(ks, ke, t: int, num_keys: int) -> tuple[int, int]:
+    """Row t's keys [start, end): its range clamped to the S keys (an empty range where ke <= ks)."""
+    start = min(max(int(ks[t]), 0), num_keys)
+    return start, min(max(int(ke[t]), start), num_keys)
+
+
+def row_logits(q, k, w, scale, t: int, start: int, end: int):
+    """Row t's float32 logits over keys [start, end) (q [T, H, D], k [S, D], w [T, H], scale [S] as float)."""
+    return ((q[t] @ k[start:end].T).relu() * w[t][:, None]).sum(dim=0) * scale[start:end]
+
+
 def reference(q_index_fp8, k_index_fp8, k_index_scale, weights, ks, ke, topk=2048):
     """Per query token: over the keys of its range (clamped to [0, S]), the logit
     I[s] = k_index_scale[s] * sum_h w[h] * relu(q[h] . k[s]) in float32, the top-k of them (ranked by
@@ -25,14 +36,13 @@ def reference(q_index_fp8, k_index_fp8, k_index_scale, weights, ks, ke, topk=204
     import torch
 
     num_tokens, num_keys = q_index_fp8.shape[0], k_index_fp8.shape[0]
-    q, k, w = q_index_fp8.float(), k_index_fp8.float(), weights.float()
+    q, k, w, scale = q_index_fp8.float(), k_index_fp8.float(), weights.float(), k_index_scale.float()
     out = torch.full((num_tokens, topk), -1, dtype=torch.int32, device=q.device)
     for t in range(num_tokens):
-        start = min(max(int(ks[t]), 0), num_keys)
-        end = min(max(int(ke[t]), start), num_keys)
+        start, end = row_keys(ks, ke, t, num_keys)
         if end == start:
             continue
-        logits = (torch.relu(q[t] @ k[start:end].T) * w[t][:, None]).sum(dim=0) * k_index_scale[start:end].float()
+        logits = row_logits(q, k, w, scale, t, start, end)
         chosen = torch.topk(rank_key(logits), min(topk, end - start)).indices
         out[t, : chosen.numel()] = (chosen + start).to(torch.int32)
     return out

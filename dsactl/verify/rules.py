@@ -35,6 +35,7 @@ from typing import Any, Mapping
 import torch
 
 from dsactl.definitions import Definition
+from dsactl.definitions.prefill_indexer import row_keys, row_logits
 from dsactl.definitions.topk import rank_key
 from dsactl.errors import DsactlError
 from dsactl.fp8 import INDEX_HEAD_DIM, PAGE_SIZE, dequantize_index_k
@@ -272,9 +273,8 @@ def check_prefill_ids(actual: torch.Tensor, inputs: Mapping[str, Any], tol: Tole
     flat = actual.detach().cpu().reshape(-1, topk).long()
     wrong = 0
     for t in range(flat.shape[0]):
-        start = min(max(int(ks[t]), 0), num_keys)
-        end = min(max(int(ke[t]), start), num_keys)
-        scores = (torch.relu(q[t] @ k[start:end].T) * w[t][:, None]).sum(dim=0) * scale[start:end]
+        start, end = row_keys(ks, ke, t, num_keys)
+        scores = row_logits(q, k, w, scale, t, start, end)
         ids = flat[t]
         outside = (ids >= 0) & ((ids < start) | (ids >= end))
         if bool(outside.any()):
@@ -284,11 +284,7 @@ def check_prefill_ids(actual: torch.Tensor, inputs: Mapping[str, Any], tol: Tole
         relative = torch.where(ids >= 0, torch.where(outside, -1, ids - start), ids)
         pages = torch.arange((end - start + PAGE_SIZE - 1) // PAGE_SIZE)
         row = Row([t], pages, scores.cpu(), f"keys [{start}, {end}), ids counted from {start}")
-        problems, wrong_slots, max_abs, max_rel = check_row(relative, row, topk, tol, exact=False)
-        for problem in problems:
-            v.fail(problem)
-        wrong += wrong_slots
-        v.max_abs, v.max_rel = max(v.max_abs, max_abs), max(v.max_rel, max_rel)
+        wrong += _judge_row(v, check_row(relative, row, topk, tol, exact=False))
     v.matched = 1.0 - min(wrong, flat.numel()) / flat.numel() if flat.numel() else 1.0
     return v
 
@@ -445,16 +441,21 @@ def _not_top_message(name: str, row: Row, legal: torch.Tensor, due: int, bad: in
             f"{token(in_best)} was left out while {token(in_worst)} was chosen")
 
 
+def _judge_row(v: Verdict, checked: tuple[list[str], int, float, float]) -> int:
+    """One row's check_row result into the verdict (its problems, the largest errors); its wrong slots."""
+    problems, wrong_slots, max_abs, max_rel = checked
+    for problem in problems:
+        v.fail(problem)
+    v.max_abs, v.max_rel = max(v.max_abs, max_abs), max(v.max_rel, max_rel)
+    return wrong_slots
+
+
 def check_topk_ids(actual: torch.Tensor, rows: list[Row], tol: Tolerance, exact: bool) -> Verdict:
     v = Verdict()
     topk = actual.shape[-1]
     flat = actual.detach().cpu().reshape(-1, topk)
     wrong = 0
     for r, row in enumerate(rows):
-        problems, wrong_slots, max_abs, max_rel = check_row(flat[r], row, topk, tol, exact)
-        for p in problems:
-            v.fail(p)
-        wrong += wrong_slots
-        v.max_abs, v.max_rel = max(v.max_abs, max_abs), max(v.max_rel, max_rel)
+        wrong += _judge_row(v, check_row(flat[r], row, topk, tol, exact))
     v.matched = 1.0 - min(wrong, flat.numel()) / flat.numel() if flat.numel() else 1.0
     return v

@@ -5,12 +5,12 @@ merge in the kernel (merges_in_cluster), the Triton combine.
 Contract: the sparse attention operator (docs/design.md, Contracts; as triton_sparse_mla.py), for
 the shapes this kernel serves: 16, 32, 64 or 128 heads (a CTA owns 64 heads of one token; below 64 its
 tile's other rows are zero q, never written), topk a multiple of 64 up to 16384, bf16 KV (ckv_cache +
-kpe_cache) or FP8 KV (kv_cache, 656-byte tokens) whose token ids are rows, LSE base 2 or e, -1 indices
-anywhere, empty rows (output 0, lse -inf or empty_lse), topk_length, the attention sink and max_logits,
-q in requests ([B, S, H, 512]; where q or the ids do not view as tokens, a launch per position s). FP8 KV is dequantized to fp16 and
-multiplied in fp16 (Q converted once), as bf16 rounding of the dequantized values fails the contest
-tolerance (hopper_mla.cu says why); rows of Q and tokens with values past fp16's range are scaled into
-it by powers of two and scaled back in fp32 (exact), up to token values of 2^31. Pages may be padded by
+kpe_cache) or FP8 KV (kv_cache, 656-byte tokens) in pages (below), LSE base 2 or e, -1 indices anywhere,
+empty rows (output 0, lse -inf or empty_lse), topk_length, the attention sink and max_logits, q in
+requests ([B, S, H, 512]; where q or the ids do not view as tokens, a launch per position s). FP8 KV is
+dequantized to fp16 and multiplied in fp16 (Q converted once), as bf16 rounding of the dequantized values fails
+the contest tolerance (hopper_mla.cu says why); rows of Q and tokens with values past fp16's range are scaled
+into it by powers of two and scaled back in fp32 (exact), up to token values of 2^31. Pages may be padded by
 rows (FlashMLA's tests allocate block_size + 1 rows a block) where they hold a power of two of tokens:
 the kernel maps an id to its row by a shift and a mask (page_map). Not served: other page sizes of padded
 pages, whose ids would need a division (the Triton kernel serves them). Runs only on compute capability
