@@ -229,6 +229,22 @@ def test_interpreted_combine_merges_partials(splits, scaled):
     assert bool((output[0, 3] == 0).all()) and lse[0, 3] == float("-inf")
 
 
+@pytest.mark.parametrize("requests, positions", [(b, s) for b in (0, 1, 2, 3) for s in (0, 1, 2, 3)])
+def test_requests_view_as_tokens_exactly_where_torch_views_them(requests, positions):
+    """The rule the launchers test instead of trying a view (a failed view raises, slowly): [B, S, ...] merges
+    into [B * S, ...] without a copy exactly where torch's view does."""
+    base = torch.randn(4, 4, 6, 8, generator=torch.Generator().manual_seed(requests * 4 + positions))
+    layouts = (base, base.transpose(0, 1), base[:, :, :3], base[::2], base.transpose(0, 2).transpose(1, 2))
+    for layout in layouts:
+        t = layout[:requests, :positions]
+        try:
+            t.view(-1, *t.shape[2:])
+            views = True
+        except RuntimeError:
+            views = False
+        assert tsm.requests_view_as_tokens(t) == views, (t.shape, t.stride())
+
+
 def test_combine_launch_tiles_the_row_inside_the_combine_tile():
     for splits in range(2, tsm.MAX_SPLITS + 1):
         for heads in tsm.HEADS:

@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 
 from dsactl.kernels.attention import solution
+from dsactl.kernels.attention.triton_sparse_mla import requests_view_as_tokens
 from dsactl.kernels.errors import KernelInputError
 from dsactl.kernels.fp8 import MLA_CKV_DIM, MLA_KPE_DIM, MLA_TOKEN_BYTES
 
@@ -140,7 +141,7 @@ def flash_mla_with_kvcache(
 
     out = torch.empty(b, s_q, h_q, MLA_CKV_DIM, dtype=torch.bfloat16, device=q.device)
     lse = torch.empty(b, s_q, h_q, dtype=torch.float32, device=q.device)
-    if (s_q == 1 or topk_length is None) and _mergeable(q) and _mergeable(indices):
+    if (s_q == 1 or topk_length is None) and requests_view_as_tokens(q) and requests_view_as_tokens(indices):
         # One length a token (or none), and requests that flatten to tokens as views: the form every
         # kernel takes (the Triton kernel also reads [b, s_q, ...] in place).
         q, indices = q.view(b * s_q, *q.shape[2:]), indices.view(b * s_q, topk)
@@ -150,11 +151,6 @@ def flash_mla_with_kvcache(
         kv_cache=k_cache[:, :, 0].view(torch.int8), topk_length=topk_length, attn_sink=attn_sink,
         lse_base_e=True, empty_lse=math.inf, check=False, count_bad_ids=False)
     return out, lse.transpose(1, 2)
-
-
-def _mergeable(t: torch.Tensor) -> bool:
-    """Whether t [b, s_q, ...] views as [b * s_q, ...]."""
-    return t.shape[1] == 1 or t.shape[0] == 1 or t.stride(0) == t.shape[1] * t.stride(1)
 
 
 def flash_mla_sparse_fwd(

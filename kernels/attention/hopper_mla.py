@@ -208,10 +208,7 @@ def _tokens(t: torch.Tensor, dims: int) -> torch.Tensor | None:
     requests do not flatten without a copy."""
     if t.dim() == dims:
         return t
-    try:
-        return t.view(-1, *t.shape[2:]) if t.dim() == dims + 1 else None
-    except RuntimeError:
-        return None
+    return t.flatten(0, 1) if t.dim() == dims + 1 and tsm.requests_view_as_tokens(t) else None
 
 
 MAX_PAGE_SHIFT = 30  # hopper_mla.cu's kMaxPageShift

@@ -953,6 +953,12 @@ def check_inputs(q_nope, q_pe, sparse_indices, output, lse, ckv_cache, kpe_cache
     return num_tokens, heads, topk, fp8kv
 
 
+def requests_view_as_tokens(t: torch.Tensor) -> bool:
+    """Whether t's requests [B, S, ...] view as tokens [B * S, ...]: torch's rule for merging two dims, tested
+    rather than tried (a failed view raises, which costs more than a small decode call's kernel)."""
+    return t.shape[0] <= 1 or t.shape[1] <= 1 or t.stride(0) == t.shape[1] * t.stride(1)
+
+
 def page_geometry(cache: torch.Tensor) -> tuple[int, int, int]:
     """(page_tokens, page stride, token stride) of a cache [pages, tokens, ...] as the kernels address it,
     in its elements: a cache whose pages are evenly strided (each page right after the last) is one run of
