@@ -127,12 +127,13 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     def call(heads=64, topk=2048, splits=1, num_tokens=1, q_stride=576, kv_a=fake, parts=(fake,) * 4,
              in_cluster=0, cache_tokens=4096, bad_count=fake, scale_log2=1.0,
              kv_format=hopper_mla.KV_BF16, kv_b=fake, kv_a_stride=512, topk_length=None, tokens_per_length=1,
-             page_shift=0, page_rows=1):
+             page_shift=0, page_rows=1, positions=1, position_stride=0):
         return lib.dsa_hopper_mla_decode(fake, q_stride * heads, q_stride, fake, q_stride * heads, q_stride,
                                          kv_format, kv_a, kv_a_stride, kv_b, 64, fake, topk, num_tokens, heads, topk,
                                          splits, in_cluster, scale_log2, 1.0, fake, 512 * heads, 512,
                                          fake, heads, 1, *parts, cache_tokens, bad_count, None, None, topk_length,
-                                         tokens_per_length, float("-inf"), page_shift, page_rows, None)
+                                         tokens_per_length, float("-inf"), page_shift, page_rows, positions,
+                                         position_stride, position_stride, position_stride, None)
 
     bad_shape, bad_alignment, null, bad_cluster, bad_scale, bad_format, bad_pages = -1, -2, -3, -5, -7, -8, -9
     # Pages of 2^page_shift tokens at least that many rows apart, every row of the cache's ids below 2^32;
@@ -157,6 +158,10 @@ def test_library_refuses_bad_arguments_before_any_cuda_call(builds):
     # A row length a request: at least one token a request.
     assert call(topk_length=fake, tokens_per_length=0) == bad_shape
     assert call(topk_length=fake, tokens_per_length=2, num_tokens=0) == 0
+    # Requests of `positions` tokens: at least one, dividing the tokens; a position stride stepped over
+    # (several positions) keeps q's rows aligned.
+    assert call(positions=0) == bad_shape and call(positions=2, num_tokens=3) == bad_shape
+    assert call(positions=2, num_tokens=4, position_stride=12) == bad_alignment
     assert call(splits=0) == bad_shape and call(splits=hopper_mla.MAX_SPLITS + 1) == bad_shape
     assert call(num_tokens=-1) == bad_shape and call(cache_tokens=-1) == bad_shape
     assert call(num_tokens=65536) == bad_shape
@@ -255,6 +260,36 @@ def test_page_map_addresses_rows_and_padded_pages_of_a_power_of_two():
 
     assert hopper_mla.page_map(None, None, huge(21474837)) == (6, 200)
     assert hopper_mla.page_map(None, None, huge(21474838)) is None
+
+
+@pytest.mark.parametrize("requests", [1, 2, 3])
+@pytest.mark.parametrize("positions", [1, 2, 3])
+def test_requests_take_their_own_strides_exactly_where_they_do_not_view_as_tokens(requests, positions):
+    """The kernel reads [B, S, ...] requests through a request and a position stride where torch cannot view
+    them as [B * S, ...] tokens, and as those tokens' views where it can (the rule is checked, not tried)."""
+    g = torch.Generator().manual_seed(requests * 10 + positions)
+    q = torch.randn(4, 4, 32, 576, generator=g).bfloat16()
+    ids = torch.randint(0, 99, (4, 4, 128), generator=g, dtype=torch.int32)
+    layouts = {"contiguous": (q, ids), "transposed": (q.transpose(0, 1), ids.transpose(0, 1)),
+               "padded": (q[:, :, :16], ids[:, :, :64]), "every other request": (q[::2], ids[::2])}
+    for name, (q_all, ids_all) in layouts.items():
+        q_view, ids_view = q_all[:requests, :positions], ids_all[:requests, :positions]
+        views = []
+        for t in (q_view, ids_view):
+            try:
+                views.append(t.view(-1, *t.shape[2:]))
+            except RuntimeError:
+                views.append(None)
+        q_nope, q_pe = q_view[..., :512], q_view[..., 512:]
+        positions_seen, nope_strides, pe_strides, id_strides = hopper_mla._token_layout(q_nope, q_pe, ids_view)
+        if None in views:
+            assert hopper_mla.strided_requests(q_nope, q_pe, ids_view), name
+            assert (positions_seen, nope_strides, id_strides) == (positions, q_nope.stride()[:3], ids_view.stride()[:2])
+        else:
+            assert not hopper_mla.strided_requests(q_nope, q_pe, ids_view), name
+            assert (positions_seen, nope_strides, id_strides) == (
+                1, (views[0].stride(0), 0, views[0].stride(1)), (views[1].stride(0), 0)), name
+        assert pe_strides[2] == q_pe.stride(2)
 
 
 def test_valid_cpu_inputs_pass_every_check_then_need_a_gpu():
@@ -619,7 +654,7 @@ def test_gpu_padded_pages_of_a_power_of_two(page_size, heads, suffix):
 @on_sm90
 @pytest.mark.parametrize("heads", [64, 128])
 @pytest.mark.parametrize("fp8kv", [False, True])
-def test_gpu_requests_that_do_not_view_as_tokens_run_a_launch_per_position(heads, fp8kv):
+def test_gpu_requests_that_do_not_view_as_tokens_run_through_their_strides(heads, fp8kv):
     """FlashMLA's tests' layout: q and ids padded in every dimension ([B, S] does not flatten), pages of 64
     tokens 65 rows apart, one topk_length a request, a sink and max_logits; as the reference reads the same
     tokens in id order."""
@@ -641,7 +676,7 @@ def test_gpu_requests_that_do_not_view_as_tokens_run_a_launch_per_position(heads
     tokens = requests * s_q
     output = torch.full((tokens, heads, 512), float("nan"), dtype=torch.bfloat16, device="cuda")
     lse, max_logits = (torch.full((tokens, heads), float("nan"), device="cuda") for _ in range(2))
-    assert hopper_mla._by_position(q[..., :512], q[..., 512:], ids)
+    assert hopper_mla.strided_requests(q[..., :512], q[..., 512:], ids)
     assert hopper_mla.fits(q[..., :512], q[..., 512:], ids, output, **caches)
     hopper_mla.sparse_mla_attention(q[..., :512], q[..., 512:], ids, 0.1, output, lse, **caches, topk_length=lengths,
                                     attn_sink=sink, max_logits=max_logits, lse_base_e=True, empty_lse=float("inf"))
@@ -740,15 +775,15 @@ def test_dispatch_reads_the_facts_of_a_call_from_its_tensors(monkeypatch):
     q = torch.randn(2, 64, 513).bfloat16()[..., 1:]
     assert not hopper_mla.fits(q, call["q_pe"], call["sparse_indices"], call["output"],
                                call["ckv_cache"], call["kpe_cache"])
-    # Requests ([B, S, ...]) that view as tokens are one launch; interleaved ones a launch per position.
+    # Requests ([B, S, ...]) that view as tokens run as tokens; interleaved ones through their own strides.
     ids = call["sparse_indices"]
     caches = (call["ckv_cache"], call["kpe_cache"])
     q = torch.randn(2, 2, 64, 576).bfloat16()
     requests = (q[..., :512], q[..., 512:], ids.repeat(2, 1).view(2, 2, -1))
-    assert hopper_mla.fits(*requests, call["output"], *caches) and not hopper_mla._by_position(*requests)
+    assert hopper_mla.fits(*requests, call["output"], *caches) and not hopper_mla.strided_requests(*requests)
     q = q.transpose(0, 1)
     requests = (q[..., :512], q[..., 512:], ids.repeat(2, 1).view(2, 2, -1))
-    assert hopper_mla.fits(*requests, call["output"], *caches) and hopper_mla._by_position(*requests)
+    assert hopper_mla.fits(*requests, call["output"], *caches) and hopper_mla.strided_requests(*requests)
     assert not hopper_mla.fits(q[..., :512], q[..., 512:], ids.repeat(2, 1).view(2, 2, 1, -1), call["output"], *caches)
     assert solution.implementation_for(**call, implementation="hopper") == dispatch.HOPPER
     monkeypatch.setenv(dispatch.ATTENTION_KERNEL_ENV, "hopper")

@@ -5,7 +5,8 @@
 //   q_nope [T, H, 512] bf16, q_pe [T, H, 64] bf16: last dim contiguous, token/head strides free
 //     (multiples of 8 elements), 16-byte aligned base. H in {16, 32, 64, 128}: below 64 heads the one
 //     group's tile still has 64 rows, the missing ones zero Q, computed and never written (what padding q
-//     to 64 heads would cost, without the padded copies).
+//     to 64 heads would cost, without the padded copies). q and indices may instead be requests
+//     [T / positions, positions, ...] that do not view as tokens (a request stride and a position stride).
 //   KV, one latent head shared by all query heads, either
 //     bf16: ckv rows of 512 and kpe rows of 64 values (row strides multiples of 8 elements,
 //           16-byte aligned bases), indexed by physical token id; or
@@ -268,6 +269,11 @@ struct Params {
   // Pages of 2^page_shift tokens, page_rows token rows apart (a page padded by rows: FlashMLA's tests);
   // page_shift 0 with page_rows 1: ids are rows.
   uint32_t page_shift, page_mask, page_rows;
+  // q and the ids as requests of `positions` tokens (token t is position t % positions of request
+  // t / positions) that do not view as tokens: the *_stride_t above step a request, these a position.
+  // positions 1: the tokens are flat and these are unused.
+  int positions;
+  long long q_nope_stride_s, q_pe_stride_s, indices_stride_s;
 };
 
 // bf16 with Q by TMA: q_nope and q_pe as [tokens][heads][512 | 64] tensor maps, 64 x 64 boxes, 128-byte
@@ -345,7 +351,7 @@ __device__ __forceinline__ uint32_t swizzled(int row, int piece) {
 }
 
 struct Work {
-  int t, group, split, n_mine, num_blocks;
+  int group, split, n_mine, num_blocks;
 };
 
 // The positions of token t's row that are read: topk, or its request's topk_length clamped to [0, topk].
@@ -359,9 +365,26 @@ __device__ __forceinline__ int split_share(const Params& p, int n, int split) {
   return (n - split + p.num_splits - 1) / p.num_splits;
 }
 
+// The grid: x = position * groups + group (a position's head groups adjacent: the 128-head cluster's two
+// CTAs), y = split, z = request (Params::positions); log2 of the groups, 0 or 1 (at most 128 heads).
+__device__ __forceinline__ int group_bits(const Params& p) { return p.heads > kHeadsPerCta ? 1 : 0; }
+__device__ __forceinline__ int grid_position(const Params& p) {
+  return static_cast<int>(blockIdx.x) >> group_bits(p);
+}
+
+// This CTA's query token, and its offset in q or the ids: read from the grid where used (no division;
+// held in a register through the kernel, the token spilled).
+__device__ __forceinline__ int cta_token(const Params& p) {
+  return static_cast<int>(blockIdx.z) * p.positions + grid_position(p);
+}
+__device__ __forceinline__ long long token_offset(const Params& p, long long stride_t, long long stride_s) {
+  return static_cast<long long>(blockIdx.z) * stride_t + static_cast<long long>(grid_position(p)) * stride_s;
+}
+
 // Where the id at position j of this CTA's split s of S lies: row position s + j * S.
 __device__ __forceinline__ const int* split_id_ptr(const Params& p, const Work& w, int j) {
-  return p.indices + w.t * p.indices_stride_t + w.split + static_cast<long long>(j) * p.num_splits;
+  return p.indices + token_offset(p, p.indices_stride_t, p.indices_stride_s) + w.split +
+         static_cast<long long>(j) * p.num_splits;
 }
 
 __device__ __forceinline__ int split_id(const Params& p, const Work& w, int j) { return __ldg(split_id_ptr(p, w, j)); }
@@ -903,13 +926,13 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
       if (!live_row(p, w, rows.r[i])) continue;
       const int head = w.group * kHeadsPerCta + rows.r[i];
       const float inv = row_normalizer(p, head, m_run[i], l_all[i]);
-      __nv_bfloat16* out = p.out + w.t * p.out_stride_t + head * p.out_stride_h + col0;
+      __nv_bfloat16* out = p.out + cta_token(p) * p.out_stride_t + head * p.out_stride_h + col0;
 #pragma unroll
       for (int n = 0; n < kColsPerConsumer / 8; ++n) {
         *reinterpret_cast<__nv_bfloat162*>(out + 8 * n) =
             __floats2bfloat162_rn(o[4 * n + 2 * i] * inv, o[4 * n + 2 * i + 1] * inv);
       }
-      if (with_stats && rows.quad == 0) write_row_stats(p, w.t, head, m_run[i], l_all[i]);
+      if (with_stats && rows.quad == 0) write_row_stats(p, cta_token(p), head, m_run[i], l_all[i]);
     }
     return;
   }
@@ -924,7 +947,8 @@ __device__ __forceinline__ void write_result(const Params& p, const Work& w, con
     }
   }
   if (p.reduce_in_cluster) return;
-  const long long part0 = (static_cast<long long>(w.t) * p.num_splits + w.split) * p.heads + w.group * kHeadsPerCta;
+  const long long part0 =
+      (static_cast<long long>(cta_token(p)) * p.num_splits + w.split) * p.heads + w.group * kHeadsPerCta;
   // A row's 256 columns lie in the 4 threads of its quad.
   float amax[2] = {0.f, 0.f};
 #pragma unroll
@@ -1020,11 +1044,11 @@ __device__ __forceinline__ void reduce_cluster(const Params& p, const Smem& sm, 
   const float inv = row_normalizer(p, head, m_all, l_all);
 #pragma unroll
   for (int s = 0; s < kSplits; ++s) weight[s] = m[s] * inv;
-  if (rank == 0 && ct % kMergeThreadsPerRow == 0) write_row_stats(p, w.t, head, m_all, l_all);
+  if (rank == 0 && ct % kMergeThreadsPerRow == 0) write_row_stats(p, cta_token(p), head, m_all, l_all);
 
   // Piece k of this thread: rank's share, then k * 4 + this thread's place in the row, so a warp's
   // 8 rows are each read and written as runs of 4 neighboring pieces.
-  __nv_bfloat16* out = p.out + w.t * p.out_stride_t + head * p.out_stride_h;
+  __nv_bfloat16* out = p.out + cta_token(p) * p.out_stride_t + head * p.out_stride_h;
 #pragma unroll
   for (int k = 0; k < kPieces; ++k) {
     const int col = (rank * kRowPieces / kSplits + k * kMergeThreadsPerRow + ct % kMergeThreadsPerRow) * 4;
@@ -1315,8 +1339,9 @@ __device__ __forceinline__ QPiece q_piece(const Params& p, const Smem& sm, const
   const long long read_head = live ? head : 0;
   const __nv_bfloat16* src =
       chunk < kCkvChunks
-          ? p.q_nope + w.t * p.q_nope_stride_t + read_head * p.q_nope_stride_h + chunk * kChunkElems + piece * 8
-          : p.q_pe + w.t * p.q_pe_stride_t + read_head * p.q_pe_stride_h + piece * 8;
+          ? p.q_nope + token_offset(p, p.q_nope_stride_t, p.q_nope_stride_s) + read_head * p.q_nope_stride_h +
+                chunk * kChunkElems + piece * 8
+          : p.q_pe + token_offset(p, p.q_pe_stride_t, p.q_pe_stride_s) + read_head * p.q_pe_stride_h + piece * 8;
   return {src, sm.q() + chunk * kChunkBytes + swizzled(row, piece), row, live};
 }
 
@@ -1355,17 +1380,19 @@ __device__ __forceinline__ void load_q_bf16(const Params& p, const Smem& sm, con
 // bf16, short splits: Q as it is, by TMA from one thread: the 8 ckv chunks and the kpe chunk of this
 // head group, one 64 x 64 box each, completing their bytes on q_full (initialized by this thread just
 // before). TMA's 128-byte swizzle puts element (r, 8k + e) of a box at r * 128 + ((k ^ (r % 8)) * 16)
-// + 2e of its 1024-aligned destination: the resident tile's layout (top of the file).
+// + 2e of its 1024-aligned destination: the resident tile's layout (top of the file). Flat tokens only
+// (positions 1), so the token is the grid's z.
 __device__ __forceinline__ void load_q_bf16_tma(const QMaps& maps, const Smem& sm, const Work& w) {
   static_assert(kChunkElems * 2 == kSwizzleBytes && kChunkBytes == kHeadsPerCta * kSwizzleBytes,
                 "a box is one swizzled chunk: 64 heads x 128 bytes");
   mbar_arrive_expect_tx(sm.q_full(), kTileBytes);
   const int head0 = w.group * kHeadsPerCta;
+  const int token = static_cast<int>(blockIdx.z);
 #pragma unroll
   for (int chunk = 0; chunk < kCkvChunks; ++chunk) {
-    tma_load_3d(sm.q() + chunk * kChunkBytes, &maps.nope, chunk * kChunkElems, head0, w.t, sm.q_full());
+    tma_load_3d(sm.q() + chunk * kChunkBytes, &maps.nope, chunk * kChunkElems, head0, token, sm.q_full());
   }
-  tma_load_3d(sm.q() + kCkvChunks * kChunkBytes, &maps.pe, 0, head0, w.t, sm.q_full());
+  tma_load_3d(sm.q() + kCkvChunks * kChunkBytes, &maps.pe, 0, head0, token, sm.q_full());
 }
 
 // FP8: Q converted to fp16 by the consumers' 256 threads (this one `loader`; all loads issued before
@@ -1439,9 +1466,8 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   const Smem sm{aligned, smem_raw + (aligned - raw)};
 
   Work w;
-  w.group = blockIdx.x;
+  w.group = static_cast<int>(blockIdx.x) & ((1 << group_bits(p)) - 1);
   w.split = blockIdx.y;
-  w.t = blockIdx.z;
   // Every role runs the blocks of the split's whole share of the row, whose bounds come from the launch's
   // constants (read from topk_length, they took registers the FP8 consumers' Q load does not have: it
   // spilled); topk_length only shortens what the producer reads (below), the rest masked.
@@ -1488,7 +1514,7 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
     setmaxnreg_dec<Regs<kFp8>::kProducer>();
     // The prefetching producer reads whole rows: with the row length's code it spilled (the launcher sends
     // calls with topk_length to the plain FP8 producer).
-    if constexpr (!kL2Prefetch) w.n_mine = split_share(p, row_length(p, w.t), w.split);
+    if constexpr (!kL2Prefetch) w.n_mine = split_share(p, row_length(p, cta_token(p)), w.split);
     if constexpr (kFp8 && !kStaged) {
       produce_fp8<kPeers, kL2Prefetch>(p, sm, w, rank, peer_delta);
     } else {
@@ -1597,11 +1623,12 @@ int launch(const Params& p, int num_tokens, cudaStream_t stream, const QMapsOf<k
   }
   cudaLaunchAttribute cluster{};
   cluster.id = cudaLaunchAttributeClusterDimension;
-  cluster.val.clusterDim.x = kPeers;  // the head groups of one (token, split); grid x = heads / 64, rounded up
+  cluster.val.clusterDim.x = kPeers;  // the head groups of one (token, split); grid_position
   cluster.val.clusterDim.y = p.reduce_in_cluster ? p.num_splits : 1;  // the splits of one (token, group)
   cluster.val.clusterDim.z = 1;
   cudaLaunchConfig_t config{};
-  config.gridDim = dim3((p.heads + kHeadsPerCta - 1) / kHeadsPerCta, p.num_splits, num_tokens);
+  config.gridDim = dim3((p.heads + kHeadsPerCta - 1) / kHeadsPerCta * p.positions, p.num_splits,
+                        num_tokens / p.positions);
   config.blockDim = dim3(kThreads);
   config.dynamicSmemBytes = kSmemBytes;
   config.stream = stream;
@@ -1638,12 +1665,13 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                           void* part_acc, float* part_m, float* part_l, float* part_scale, long long cache_tokens,
                           int* bad_index_count, const float* attn_sink, float* max_logits, const int* topk_length,
                           int tokens_per_length, float empty_lse, int page_shift, long long page_rows,
-                          cudaStream_t stream) {
+                          int positions, long long q_nope_stride_s, long long q_pe_stride_s,
+                          long long indices_stride_s, cudaStream_t stream) {
   if (kv_format != kKvBf16 && kv_format != kKvFp8 && kv_format != kKvStaged) return kBadKvFormat;
   if (heads != 16 && heads != 32 && heads != 64 && heads != 128) return kBadShape;
   if (topk < kBlockTokens || topk > kMaxTopk || topk % kBlockTokens != 0) return kBadShape;
   if (num_splits < 1 || num_splits > kMaxSplits || num_tokens < 0 || num_tokens > kMaxTokens || cache_tokens < 0 ||
-      (topk_length != nullptr && tokens_per_length < 1)) {
+      (topk_length != nullptr && tokens_per_length < 1) || positions < 1 || num_tokens % positions != 0) {
     return kBadShape;
   }
   // Pages of 2^page_shift tokens page_rows rows apart: every row of the cache's ids fits 32 bits (token_row).
@@ -1670,10 +1698,16 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                      : kv_format == kKvStaged
                          ? aligned16(kv_a) && row_aligned(kv_a_stride) && reinterpret_cast<uintptr_t>(kv_b) % 4 == 0
                          : aligned16(kv_a) && aligned16(kv_b) && row_aligned(kv_a_stride) && row_aligned(kv_b_stride);
-  // A token stride is never stepped over with one token (torch gives size-1 dims any stride).
+  // A stride is never stepped over along a dim of one (torch gives size-1 dims any stride): the token
+  // strides with one token, q's request strides with one request, its position strides with one position.
   const auto token_aligned = [num_tokens](long long stride) { return num_tokens == 1 || row_aligned(stride); };
-  if (!aligned16(q_nope) || !aligned16(q_pe) || !token_aligned(q_nope_stride_t) || !row_aligned(q_nope_stride_h) ||
-      !token_aligned(q_pe_stride_t) || !row_aligned(q_pe_stride_h) || !kv_ok || !aligned16(out) ||
+  const auto request_aligned = [num_tokens, positions](long long stride) {
+    return num_tokens == positions || row_aligned(stride);
+  };
+  const auto position_aligned = [positions](long long stride) { return positions == 1 || row_aligned(stride); };
+  if (!aligned16(q_nope) || !aligned16(q_pe) || !request_aligned(q_nope_stride_t) ||
+      !position_aligned(q_nope_stride_s) || !row_aligned(q_nope_stride_h) || !request_aligned(q_pe_stride_t) ||
+      !position_aligned(q_pe_stride_s) || !row_aligned(q_pe_stride_h) || !kv_ok || !aligned16(out) ||
       !token_aligned(out_stride_t) || !row_aligned(out_stride_h) || (partials && !aligned16(part_acc))) {
     return kBadAlignment;
   }
@@ -1684,12 +1718,14 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
                  lse_stride_t, lse_stride_h, static_cast<__half*>(part_acc), part_m, part_l,
                  static_cast<uint32_t>(ids), bad_index_count, part_scale,
                  attn_sink, max_logits, topk_length, tokens_per_length, empty_lse, static_cast<uint32_t>(page_shift),
-                 static_cast<uint32_t>(page_mask), static_cast<uint32_t>(page_rows)};
+                 static_cast<uint32_t>(page_mask), static_cast<uint32_t>(page_rows), positions, q_nope_stride_s,
+                 q_pe_stride_s, indices_stride_s};
   const int split0_tokens = (topk + num_splits - 1) / num_splits;  // the most any split takes
   if (kv_format == kKvStaged) return launch<true, 1, false, true>(p, num_tokens, stream);
   if (kv_format == kKvBf16) {
-    // Q by TMA takes whole 64-head boxes: below 64 heads Q comes by cp.async, the missing rows zero-filled.
-    if (split0_tokens > kBlockTokens * kQTmaMaxBlocks || heads < kHeadsPerCta) {
+    // Q by TMA takes whole 64-head boxes of flat tokens: below 64 heads Q comes by cp.async, the missing rows
+    // zero-filled, and so does Q in requests of several positions.
+    if (split0_tokens > kBlockTokens * kQTmaMaxBlocks || heads < kHeadsPerCta || positions > 1) {
       return launch<false, 1, false>(p, num_tokens, stream);
     }
     QMaps maps{};
@@ -1713,7 +1749,8 @@ const char* dsa_hopper_mla_error_string(int code) {
       static_assert(kBlockTokens == 64 && kMaxTopk == 16384 && kMaxSplits == 32 && kMaxTokens == 65535,
                     "the message below spells these limits out");
       return "heads must be 16, 32, 64 or 128, topk a multiple of 64 in [64, 16384], num_splits in [1, 32], "
-             "tokens <= 65535, cache_tokens >= 0, tokens_per_length >= 1 with topk_length";
+             "tokens <= 65535, cache_tokens >= 0, tokens_per_length >= 1 with topk_length, positions >= 1 "
+             "dividing the tokens";
     case kBadAlignment: return "pointers must be 16-byte aligned and row strides multiples of 8 elements";
     case kNullPointer: return "null device pointer";
     case kUnsupportedArch: return "the Hopper sparse MLA kernel runs only on compute capability 9.0 (sm_90a)";

@@ -7,7 +7,8 @@ the shapes this kernel serves: 16, 32, 64 or 128 heads (a CTA owns 64 heads of o
 tile's other rows are zero q, never written), topk a multiple of 64 up to 16384, bf16 KV (ckv_cache +
 kpe_cache) or FP8 KV (kv_cache, 656-byte tokens) in pages (below), LSE base 2 or e, -1 indices anywhere,
 empty rows (output 0, lse -inf or empty_lse), topk_length, the attention sink and max_logits, q in
-requests ([B, S, H, 512]; where q or the ids do not view as tokens, a launch per position s). FP8 KV is
+requests ([B, S, H, 512]; where q or the ids do not view as tokens, the kernel steps requests and positions
+by their own strides). FP8 KV is
 dequantized to fp16 and multiplied in fp16 (Q converted once), as bf16 rounding of the dequantized values fails
 the contest tolerance (hopper_mla.cu says why); rows of Q and tokens with values past fp16's range are scaled
 into it by powers of two and scaled back in fp32 (exact), up to token values of 2^31. Pages may be padded by
@@ -180,6 +181,7 @@ def bind(lib: ctypes.CDLL) -> ctypes.CDLL:
         i64, p,  # cache_tokens (ids are valid below it), int32 counter of the masked out-of-range ids
         p, p, p, i32, f32,  # attn_sink, max_logits, topk_length (each null: none), tokens a length, empty rows' lse
         i32, i64,  # page_shift, page_rows (page_map)
+        i32, i64, i64, i64,  # positions a request, q_nope's, q_pe's and the ids' position strides (_token_layout)
         p,  # cudaStream_t
     ]
     lib.dsa_hopper_mla_error_string.restype = ctypes.c_char_p
@@ -240,31 +242,42 @@ def page_map(ckv_cache, kpe_cache, kv_cache) -> tuple[int, int] | None:
     return shift, rows
 
 
-def _by_position(q_nope, q_pe, sparse_indices) -> bool:
-    """Whether requests ([B, S, ...]) run as S launches of B tokens, one per position s in the requests: where q
-    or the ids do not view as tokens (FlashMLA's tests pad every dimension of both)."""
+def strided_requests(q_nope, q_pe, sparse_indices) -> bool:
+    """Whether q and the ids are requests ([B, S, ...]) that do not view as tokens (FlashMLA's tests pad every
+    dimension of both): the kernel then steps a request and a position by their own strides."""
     return (q_nope.dim() == 4 and q_pe.dim() == 4 and sparse_indices.dim() == 3
             and None in (_tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)))
 
 
-def _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache) -> None:
-    """What this kernel needs beyond the operator's contract (tsm.check_inputs): q and ids as tokens, its
-    token and topk limits and 16-byte alignment. Reads only the leading dims, so it may run before the
-    contract."""
-    if _by_position(q_nope, q_pe, sparse_indices):
-        q_nope, q_pe, sparse_indices = q_nope[:, 0], q_pe[:, 0], sparse_indices[:, 0]  # a launch's tokens
+def _token_layout(q_nope, q_pe, sparse_indices) -> tuple[int, tuple[int, int, int], tuple[int, int, int],
+                                                         tuple[int, int]]:
+    """(positions, q_nope's and q_pe's (request, position, head) strides, the ids' (request, position)
+    strides): the kernel's view of the tokens; positions 1 where they view as tokens (no position
+    strides)."""
+    if strided_requests(q_nope, q_pe, sparse_indices):
+        return q_nope.shape[1], q_nope.stride()[:3], q_pe.stride()[:3], sparse_indices.stride()[:2]
     q_nope, q_pe, sparse_indices = _tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)
+    return (1, (q_nope.stride(0), 0, q_nope.stride(1)), (q_pe.stride(0), 0, q_pe.stride(1)),
+            (sparse_indices.stride(0), 0))
+
+
+def _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv_cache) -> None:
+    """What this kernel needs beyond the operator's contract (tsm.check_inputs): q and ids as tokens or
+    requests, its token and topk limits and 16-byte alignment. Reads only the leading dims, so it may run
+    before the contract."""
+    if not strided_requests(q_nope, q_pe, sparse_indices):
+        q_nope, q_pe, sparse_indices = _tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)
     _check(q_nope is not None and q_pe is not None and sparse_indices is not None,
            "takes q and ids as tokens ([T, H, 512], [T, topk]) or in requests ([B, S, H, 512], [B, S, topk])")
     _check(page_map(ckv_cache, kpe_cache, kv_cache) is not None,
            "reads caches of evenly strided pages, or of pages of a power of two of tokens padded by whole rows, "
            "FP8 tokens contiguous: use the Triton kernel")
-    num_tokens, topk = sparse_indices.shape[0], sparse_indices.shape[-1]
+    num_tokens, topk = sparse_indices.shape[:-1].numel(), sparse_indices.shape[-1]
     _check(num_tokens <= MAX_TOKENS, f"at most {MAX_TOKENS} query tokens per call, got {num_tokens}")
     _check(topk % BLOCK_TOKENS == 0 and topk <= MAX_TOPK,
            f"topk must be a multiple of {BLOCK_TOKENS} in [{BLOCK_TOKENS}, {MAX_TOPK}], got {topk}")
     for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("output", output)):
-        check_aligned(WHO, name, t, 2)
+        check_aligned(WHO, name, t, t.dim() - 1)
     if kv_cache is not None:
         check_aligned(WHO, "kv_cache", kv_cache, 0)
     else:
@@ -292,7 +305,7 @@ def sparse_mla_attention(
     staged: bool | None = None, check: bool | None = None, count_bad_ids: bool = True,
 ) -> None:
     """Write output and lse in place (keyword arguments as triton_sparse_mla.sparse_mla_attention; requests
-    whose q or ids do not view as tokens run as a launch per position, _by_position). num_splits overrides
+    whose q or ids do not view as tokens are read through their strides, strided_requests). num_splits overrides
     the split formula, reduce_in_cluster the choice of merging the splits in a cluster rather than by the
     combine kernel, staged the choice of staging an FP8 cache as fp16 rows first (stages_cache). Ids outside
     the cache are masked and counted in the Triton launcher's counter (bad_index_count); check (default:
@@ -306,21 +319,7 @@ def sparse_mla_attention(
     tokens_in_cache = tsm.cache_tokens(ckv_cache, kv_cache)
     if checking(check):
         tsm.check_ids_in_cache(sparse_indices, topk_length, tokens_in_cache, WHO)
-    if _by_position(q_nope, q_pe, sparse_indices):
-        requests, positions = sparse_indices.shape[:2]
-
-        def at(t, s):  # position s of every request, of an output [B * S, ...]
-            return None if t is None else t.view(requests, positions, *t.shape[1:])[:, s]
-
-        for s in range(positions):  # one length a request is one length a token of a position
-            sparse_mla_attention(q_nope[:, s], q_pe[:, s], sparse_indices[:, s], sm_scale, at(output, s), at(lse, s),
-                                 ckv_cache=ckv_cache, kpe_cache=kpe_cache, kv_cache=kv_cache, topk_length=topk_length,
-                                 attn_sink=attn_sink, lse_base_e=lse_base_e, max_logits=at(max_logits, s),
-                                 empty_lse=empty_lse, num_splits=num_splits, reduce_in_cluster=reduce_in_cluster,
-                                 staged=staged, check=False, count_bad_ids=count_bad_ids)
-        return
     tokens_per_length = q_nope.shape[1] if q_nope.dim() == 4 else 1  # a length a request
-    q_nope, q_pe, sparse_indices = _tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)
     if num_tokens == 0:
         return
     page_shift, page_rows = page_map(ckv_cache, kpe_cache, kv_cache)
@@ -355,14 +354,15 @@ def sparse_mla_attention(
     # denormal of 0 (a weight of exactly 1).
     if sm_scale < 0:
         q_nope, q_pe, sm_scale = -q_nope, -q_pe, -sm_scale
+    positions, q_nope_strides, q_pe_strides, ids_strides = _token_layout(q_nope, q_pe, sparse_indices)
     scale_log2 = float(sm_scale) * math.log2(math.e) or SMALLEST_DENORMAL
     lib = library()
     with torch.cuda.device(device):
         code = lib.dsa_hopper_mla_decode(
-            q_nope.data_ptr(), q_nope.stride(0), q_nope.stride(1),
-            q_pe.data_ptr(), q_pe.stride(0), q_pe.stride(1),
+            q_nope.data_ptr(), q_nope_strides[0], q_nope_strides[2],
+            q_pe.data_ptr(), q_pe_strides[0], q_pe_strides[2],
             kv_format, kv_a.data_ptr(), stride_a, None if kv_b is None else kv_b.data_ptr(), stride_b,
-            sparse_indices.data_ptr(), sparse_indices.stride(0),
+            sparse_indices.data_ptr(), ids_strides[0],
             num_tokens, heads, topk, splits, int(in_cluster),
             scale_log2, lse_scale,
             output.data_ptr(), output.stride(0), output.stride(1),
@@ -370,7 +370,8 @@ def sparse_mla_attention(
             *(None if t is None else t.data_ptr() for t in partials),
             tokens_in_cache, tsm.bad_index_tensor(device, count_bad_ids).data_ptr(),
             *(None if t is None else t.data_ptr() for t in (attn_sink, max_logits, topk_length)),
-            tokens_per_length, empty_lse, page_shift, page_rows, torch.cuda.current_stream(device).cuda_stream,
+            tokens_per_length, empty_lse, page_shift, page_rows, positions, q_nope_strides[1], q_pe_strides[1],
+            ids_strides[1], torch.cuda.current_stream(device).cuda_stream,
         )
     if code != 0:
         raise KernelError(f"{WHO}: kernel launch failed: {lib.dsa_hopper_mla_error_string(code).decode()} "
