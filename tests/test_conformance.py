@@ -7,6 +7,8 @@ import dataclasses
 import json
 import sys
 import textwrap
+import types
+from pathlib import Path
 
 import pytest
 import torch
@@ -152,3 +154,46 @@ def test_timing_without_flash_mla_built_in_the_checkout_says_so(tmp_path, capsys
     assert main(["flash_mla", "--checkout", str(tmp_path), "--time", str(tmp_path / "t.csv")]) == 2
     assert "FlashMLA does not import from there" in capsys.readouterr().err
     assert not (tmp_path / "t.csv").exists()
+
+
+def test_outputs_apart_is_the_largest_difference_with_equal_infinities_and_nans_at_zero():
+    inf, nan = float("inf"), float("nan")
+    ours = (torch.tensor([1.0, -inf, nan, 2.0]), torch.tensor([[inf, 0.5]]).bfloat16())
+    same = (torch.tensor([1.0, -inf, nan, 2.0]), torch.tensor([[inf, 0.5]]).bfloat16())
+    assert runner.max_abs_diff(ours, same) == 0.0
+    assert runner.max_abs_diff(ours, (torch.tensor([1.25, -inf, nan, 1.5]), same[1])) == 0.5
+    for far in (torch.tensor([1.0, inf, nan, 2.0]), torch.tensor([1.0, -inf, 0.0, 2.0]),
+                torch.tensor([1.0, 3.0, nan, 2.0])):
+        assert runner.max_abs_diff(ours, (far, same[1])) == inf
+    assert runner.max_abs_diff(ours, (torch.zeros(5), same[1])) == inf  # another shape
+    with pytest.raises(ValueError):
+        runner.max_abs_diff(ours, same[:1])  # another number of outputs
+
+
+def test_each_timed_case_compares_the_two_modules_outputs_of_that_call(monkeypatch):
+    """The timing run calls each module once untimed and records how far the outputs lie apart, per case and
+    layout, beside the times (a fake FlashMLA lib and timer: the real ones need a GPU)."""
+    from dsactl.bench import timing
+    from dsactl.compat import flash_mla as ours
+
+    real = types.SimpleNamespace(get_mla_metadata=lambda: (object(), None))
+    lib = types.ModuleType("lib")
+    lib.generate_testcase_for_decode = lambda p: torch.full((2, 3), float(p))
+    lib.generate_testcase = lambda p: torch.full((4,), float(p))
+    # ours answers the test case's values, FlashMLA those values + 0.25 in its second output.
+    lib.run_flash_mla_decode = lambda p, t, meta, splits: (t, t + (0.25 if lib.flash_mla is real else 0.0))
+    lib.run_flash_mla_sparse_fwd = lambda p, t, p_sum: (t, t, t if lib.flash_mla is ours else -t)
+    monkeypatch.setitem(sys.modules, "lib", lib)
+    monkeypatch.setattr(runner, "install", lambda checkout: None)
+    monkeypatch.setattr(runner, "performance_cases", lambda checkout: [("decode", 1), ("prefill", 3)])
+    monkeypatch.setattr(runner, "engine_layout", lambda t: t.clone())
+    monkeypatch.setattr(timing, "pick_method", lambda: "fake")
+    monkeypatch.setattr(timing, "L2Flusher", lambda: None)
+    monkeypatch.setattr(timing, "measure", lambda fn, method, iters, warmup, flusher: (
+        method, [10.0 if lib.flash_mla is ours else 20.0] * iters))
+    rows = runner.time_performance_cases(Path("."), real)
+    seen = [(r["test"], r["layout"], r["dsactl_us"], r["flashmla_us"], r["speedup"], r["max_abs_diff"]) for r in rows]
+    assert seen == [("decode", runner.TESTS_LAYOUT, 10.0, 20.0, 2.0, 0.25),
+                    ("decode", runner.ENGINE_LAYOUT, 10.0, 20.0, 2.0, 0.25),
+                    ("prefill", runner.TESTS_LAYOUT, 10.0, 20.0, 2.0, 6.0)]
+    assert set(rows[0]) == set(runner.TIMING_COLUMNS)

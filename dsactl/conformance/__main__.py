@@ -89,7 +89,7 @@ def time_flash_mla(checkout: Path, csv_path: Path) -> int:
                flash_mla.TIMING_COLUMNS, rows)
     for r in rows:
         print(f"{r['test']:8s} {r['layout']:7s} {r['dsactl_us']:10.1f} {r['flashmla_us']:10.1f} {r['speedup']:6.3f}  "
-              f"{r['case'][:80]}")
+              f"max |diff| {r['max_abs_diff']:.3g}  {r['case'][:80]}")
     return 0
 
 

@@ -129,10 +129,30 @@ def run(checkout: Path) -> list[Report]:
 # through its tests' lib (run_flash_mla_decode, run_flash_mla_sparse_fwd), dsactl's timer (bench: CUPTI kernel
 # time, cold L2, warm-up first), each module in turn. Decode cases are timed twice: as its tests lay them out
 # (TESTS_LAYOUT: every cache page padded by a row, q and indices padded in every dimension) and as engines
-# allocate them (ENGINE_LAYOUT, the same values in contiguous pages, q and indices: engine_layout).
+# allocate them (ENGINE_LAYOUT, the same values in contiguous pages, q and indices: engine_layout). Each row
+# also holds how far the two modules' outputs of that call lie apart (max_abs_diff), so a timed call is one
+# whose results were compared.
 TIMING_ITERS, TIMING_WARMUP, TIMING_TRIALS = 20, 3, 2
 TESTS_LAYOUT, ENGINE_LAYOUT = "tests", "engine"
-TIMING_COLUMNS = ("test", "layout", "case", "dsactl_us", "flashmla_us", "speedup")
+TIMING_COLUMNS = ("test", "layout", "case", "dsactl_us", "flashmla_us", "speedup", "max_abs_diff")
+
+
+def max_abs_diff(ours, theirs) -> float:
+    """The largest |ours - theirs| over every tensor of two calls' outputs (out, lse, max_logits), in fp32:
+    elements equal in value (infinities of one sign included) or both NaN count 0, an infinity or a NaN
+    against anything else counts inf."""
+    import torch
+
+    worst = 0.0
+    for a, b in zip(ours, theirs, strict=True):
+        if a.shape != b.shape:
+            return float("inf")
+        a, b = a.float(), b.float()
+        apart = torch.where((a == b) | (a.isnan() & b.isnan()), 0.0, (a - b).abs())
+        apart = apart.nan_to_num(nan=float("inf"), posinf=float("inf"))
+        if apart.numel():
+            worst = max(worst, float(apart.max()))
+    return worst
 
 
 def performance_cases(checkout: Path) -> list[tuple[str, object]]:
@@ -172,7 +192,7 @@ def engine_layout(t):
 
 def time_performance_cases(checkout: Path, real: types.ModuleType) -> list[dict]:
     """One row a case and layout: its median time with dsactl.compat.flash_mla and with `real` (FlashMLA built
-    from the checkout), in us, and FlashMLA's time over ours."""
+    from the checkout), in us, FlashMLA's time over ours, and how far the two outputs lie apart."""
     import torch
 
     from dsactl.bench.timing import L2Flusher, measure, pick_method, summarize
@@ -189,7 +209,7 @@ def time_performance_cases(checkout: Path, real: types.ModuleType) -> list[dict]
         else:
             layouts = ((TESTS_LAYOUT, lib.generate_testcase(p)),)
         for layout, t in layouts:
-            times = {}
+            times, outputs = {}, {}
             for label, module in (("dsactl", ours), ("flashmla", real)):
                 lib.flash_mla = module
                 if test == "decode":
@@ -197,13 +217,16 @@ def time_performance_cases(checkout: Path, real: types.ModuleType) -> list[dict]
                     call = lambda: lib.run_flash_mla_decode(p, t, meta, None)  # noqa: E731
                 else:
                     call = lambda: lib.run_flash_mla_sparse_fwd(p, t, False)  # noqa: E731
+                outputs[label] = call()
                 trials = [measure(call, method, TIMING_ITERS, TIMING_WARMUP, flusher)[1]
                           for _ in range(TIMING_TRIALS)]
                 times[label] = summarize(trials).median_us
             lib.flash_mla = ours
             rows.append({"test": test, "layout": layout, "case": str(p), "dsactl_us": round(times["dsactl"], 2),
                          "flashmla_us": round(times["flashmla"], 2),
-                         "speedup": round(times["flashmla"] / times["dsactl"], 3)})
+                         "speedup": round(times["flashmla"] / times["dsactl"], 3),
+                         "max_abs_diff": max_abs_diff(outputs["dsactl"], outputs["flashmla"])})
+            del outputs
         del t, layouts
         torch.cuda.empty_cache()
     return rows
