@@ -191,9 +191,35 @@ def test_each_timed_case_compares_the_two_modules_outputs_of_that_call(monkeypat
     monkeypatch.setattr(timing, "L2Flusher", lambda: None)
     monkeypatch.setattr(timing, "measure", lambda fn, method, iters, warmup, flusher: (
         method, [10.0 if lib.flash_mla is ours else 20.0] * iters))
-    rows = runner.time_performance_cases(Path("."), real)
+    so_far = []
+    rows = runner.time_performance_cases(Path("."), real, lambda done: so_far.append(len(done)))
+    assert so_far == [1, 2, 3]  # each row handed on as it is timed
     seen = [(r["test"], r["layout"], r["dsactl_us"], r["flashmla_us"], r["speedup"], r["max_abs_diff"]) for r in rows]
     assert seen == [("decode", runner.TESTS_LAYOUT, 10.0, 20.0, 2.0, 0.25),
                     ("decode", runner.ENGINE_LAYOUT, 10.0, 20.0, 2.0, 0.25),
                     ("prefill", runner.TESTS_LAYOUT, 10.0, 20.0, 2.0, 6.0)]
     assert set(rows[0]) == set(runner.TIMING_COLUMNS)
+
+
+def test_a_timing_run_cut_short_keeps_the_cases_it_finished(tmp_path, monkeypatch, capsys):
+    from dsactl.conformance import __main__ as cli
+
+    row = {"test": "decode", "layout": runner.TESTS_LAYOUT, "case": "P(b=2)", "dsactl_us": 10.0, "flashmla_us": 12.0,
+           "speedup": 1.2, "max_abs_diff": 0.0}
+
+    def cut_short(checkout, real, after_row):
+        after_row([row])
+        raise KeyboardInterrupt  # the machine's time limit
+
+    monkeypatch.setattr(cli, "_import_built", lambda checkout, name, needs: (object(), ""))
+    monkeypatch.setattr(runner, "time_performance_cases", cut_short)
+    monkeypatch.setattr(runner, "checkout_commit", lambda checkout: "9241ae3")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+    (tmp_path / "tests").mkdir()
+    path = tmp_path / "cases.csv"
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(["flash_mla", "--checkout", str(tmp_path), "--time", str(path)])
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith("# command: python -m dsactl.conformance flash_mla") and "# gpu: NVIDIA H100" in lines[1]
+    assert lines[3] == ",".join(runner.TIMING_COLUMNS) and lines[4].startswith("decode,tests,P(b=2),10.0,12.0,1.2,0.0")
+    assert "1.200" in capsys.readouterr().out

@@ -73,7 +73,8 @@ def _write_csv(csv_path: Path, comments: dict[str, str], columns: tuple[str, ...
 
 def time_flash_mla(checkout: Path, csv_path: Path) -> int:
     """FlashMLA's performance cases, ours beside FlashMLA built in the checkout (its module imported before
-    `flash_mla` is resolved to ours), one CSV row a case and a line each."""
+    `flash_mla` is resolved to ours), one CSV row a case and a line each, written as each case is timed (a run
+    cut short keeps the cases it finished)."""
     import torch
 
     from . import flash_mla
@@ -83,13 +84,17 @@ def time_flash_mla(checkout: Path, csv_path: Path) -> int:
         print(f"{checkout}: FlashMLA does not import from there ({why}; build it: profiles/reproduce.sh "
               f"flashmla-cases, docs/design.md Baselines)", file=sys.stderr)
         return 2
-    rows = flash_mla.time_performance_cases(checkout, real)
-    _write_csv(csv_path, {"command": f"python -m dsactl.conformance flash_mla --checkout {checkout} --time {csv_path}",
-                          "gpu": torch.cuda.get_device_name(), "flashmla": flash_mla.checkout_commit(checkout)},
-               flash_mla.TIMING_COLUMNS, rows)
-    for r in rows:
+    made = {"command": f"python -m dsactl.conformance flash_mla --checkout {checkout} --time {csv_path}",
+            "gpu": torch.cuda.get_device_name(), "flashmla": flash_mla.checkout_commit(checkout)}
+
+    def write(rows: list[dict]) -> None:
+        _write_csv(csv_path, made, flash_mla.TIMING_COLUMNS, rows)
+        r = rows[-1]
         print(f"{r['test']:8s} {r['layout']:7s} {r['dsactl_us']:10.1f} {r['flashmla_us']:10.1f} {r['speedup']:6.3f}  "
-              f"max |diff| {r['max_abs_diff']:.3g}  {r['case'][:80]}")
+              f"max |diff| {r['max_abs_diff']:.3g}  {r['case'][:80]}", flush=True)
+
+    if not flash_mla.time_performance_cases(checkout, real, write):
+        _write_csv(csv_path, made, flash_mla.TIMING_COLUMNS, [])
     return 0
 
 

@@ -18,6 +18,7 @@ import io
 import sys
 import types
 from pathlib import Path
+from typing import Callable
 
 from .report import ERROR, FAILED, NOT_SERVED, PASSED, Report, checkout_commit
 
@@ -190,9 +191,11 @@ def engine_layout(t):
                                extra_kv_scope=contiguous(t.extra_kv_scope))
 
 
-def time_performance_cases(checkout: Path, real: types.ModuleType) -> list[dict]:
+def time_performance_cases(checkout: Path, real: types.ModuleType,
+                           after_row: Callable[[list[dict]], None] = lambda rows: None) -> list[dict]:
     """One row a case and layout: its median time with dsactl.compat.flash_mla and with `real` (FlashMLA built
-    from the checkout), in us, FlashMLA's time over ours, and how far the two outputs lie apart."""
+    from the checkout), in us, FlashMLA's time over ours, and how far the two outputs lie apart. after_row
+    sees the rows so far after each one (a run cut short keeps what it finished)."""
     import torch
 
     from dsactl.bench.timing import L2Flusher, measure, pick_method, summarize
@@ -226,6 +229,7 @@ def time_performance_cases(checkout: Path, real: types.ModuleType) -> list[dict]
                          "flashmla_us": round(times["flashmla"], 2),
                          "speedup": round(times["flashmla"] / times["dsactl"], 3),
                          "max_abs_diff": max_abs_diff(outputs["dsactl"], outputs["flashmla"])})
+            after_row(rows)
             del outputs
         del t, layouts
         torch.cuda.empty_cache()
