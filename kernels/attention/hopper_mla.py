@@ -242,21 +242,33 @@ def page_map(ckv_cache, kpe_cache, kv_cache) -> tuple[int, int] | None:
     return shift, rows
 
 
+def _token_views(q_nope, q_pe, sparse_indices) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """q_nope, q_pe and the ids as views of tokens ([T, ...]), or None where one of them does not view so."""
+    views = (_tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2))
+    # `is`, not `None in views`: `in` compares each tensor with None elementwise, a tensor the size of q.
+    return None if any(v is None for v in views) else views
+
+
+def _in_requests(q_nope, q_pe, sparse_indices) -> bool:
+    """Whether q and the ids come as requests ([B, S, ...]) rather than tokens."""
+    return q_nope.dim() == 4 and q_pe.dim() == 4 and sparse_indices.dim() == 3
+
+
 def strided_requests(q_nope, q_pe, sparse_indices) -> bool:
     """Whether q and the ids are requests ([B, S, ...]) that do not view as tokens (FlashMLA's tests pad every
     dimension of both): the kernel then steps a request and a position by their own strides."""
-    return (q_nope.dim() == 4 and q_pe.dim() == 4 and sparse_indices.dim() == 3
-            and None in (_tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)))
+    return _in_requests(q_nope, q_pe, sparse_indices) and _token_views(q_nope, q_pe, sparse_indices) is None
 
 
 def _token_layout(q_nope, q_pe, sparse_indices) -> tuple[int, tuple[int, int, int], tuple[int, int, int],
                                                          tuple[int, int]]:
     """(positions, q_nope's and q_pe's (request, position, head) strides, the ids' (request, position)
-    strides): the kernel's view of the tokens; positions 1 where they view as tokens (no position
-    strides)."""
-    if strided_requests(q_nope, q_pe, sparse_indices):
+    strides) of a call _check_limits passed: the kernel's view of the tokens; positions 1 where they view as
+    tokens (no position strides)."""
+    views = _token_views(q_nope, q_pe, sparse_indices)
+    if views is None:
         return q_nope.shape[1], q_nope.stride()[:3], q_pe.stride()[:3], sparse_indices.stride()[:2]
-    q_nope, q_pe, sparse_indices = _tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)
+    q_nope, q_pe, sparse_indices = views
     return (1, (q_nope.stride(0), 0, q_nope.stride(1)), (q_pe.stride(0), 0, q_pe.stride(1)),
             (sparse_indices.stride(0), 0))
 
@@ -265,10 +277,11 @@ def _check_limits(q_nope, q_pe, sparse_indices, output, ckv_cache, kpe_cache, kv
     """What this kernel needs beyond the operator's contract (tsm.check_inputs): q and ids as tokens or
     requests, its token and topk limits and 16-byte alignment. Reads only the leading dims, so it may run
     before the contract."""
-    if not strided_requests(q_nope, q_pe, sparse_indices):
-        q_nope, q_pe, sparse_indices = _tokens(q_nope, 3), _tokens(q_pe, 3), _tokens(sparse_indices, 2)
-    _check(q_nope is not None and q_pe is not None and sparse_indices is not None,
+    views = _token_views(q_nope, q_pe, sparse_indices)
+    _check(views is not None or _in_requests(q_nope, q_pe, sparse_indices),
            "takes q and ids as tokens ([T, H, 512], [T, topk]) or in requests ([B, S, H, 512], [B, S, topk])")
+    if views is not None:
+        q_nope, q_pe, sparse_indices = views
     _check(page_map(ckv_cache, kpe_cache, kv_cache) is not None,
            "reads caches of evenly strided pages, or of pages of a power of two of tokens padded by whole rows, "
            "FP8 tokens contiguous: use the Triton kernel")
