@@ -168,6 +168,10 @@ SOLUTIONS: list[Solution] = [
              "dsactl.kernels.indexer.prefill_topk:dsa_prefill_indexer",
              "ragged FP8 logits in Triton (wgmma, fp32), each row over its own key range, in row chunks of at most "
              "1 GiB, then the exact CUDA top-k of each row, key ids", cuda_libs=("topk",)),
+    Solution("dsactl-prefill-indexer-fused", ("dsa_prefill_indexer_fp8_*",), "triton",
+             "dsactl.kernels.indexer.prefill_fused:dsa_prefill_indexer_fused",
+             "ragged FP8 logits in Triton with each row's top-k kept on the fly (packed logit and id above the "
+             "row's threshold, cut to the best topk when a list fills): no logits in memory, key ids"),
     Solution("dsactl-topk", ("dsa_topk_page_transform_topk*_ps64*",), "cuda",
              "dsactl.kernels.topk.launcher:dsa_topk_page_transform",
              "exact radix select (11-bit shared-memory histograms, cluster-split rows, candidate "

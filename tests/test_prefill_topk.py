@@ -1,5 +1,5 @@
 """The prefill indexer's top-k (kernels/indexer/prefill_topk.py): chunked ragged logits, then the exact top-k
-of every row's own key range as key ids. Under the Triton interpreter on a CPU (the CUDA top-k's torch
+of every row's own key range as key ids; and its fused form (prefill_fused.py), no logits in memory. Under the Triton interpreter on a CPU (the CUDA top-k's torch
 baseline standing in for it there) and natively on a GPU."""
 
 import pytest
@@ -7,6 +7,7 @@ import torch
 
 from dsactl.kernels.errors import KernelInputError
 from dsactl.kernels.indexer import mqa_logits as ml
+from dsactl.kernels.indexer import prefill_fused as pf
 from dsactl.kernels.indexer import prefill_topk as pt
 from dsactl.kernels.topk import torch_baseline as topk_torch
 
@@ -128,9 +129,11 @@ def test_a_chunk_holds_what_the_budget_allows():
 
 @pytest.mark.parametrize("uuid", ["edge-prefill-indexer-prompts", "edge-prefill-indexer-whole",
                                   "edge-prefill-indexer-ties"])
-def test_the_solution_entry_passes_the_definitions_rule_on_the_edge_workloads(uuid):
-    """The shipped entry (solutions: dsactl-prefill-indexer) on the edge suite's prefill workloads, judged by
-    verify's rule against the definition's reference; a wrong id is caught by the same rule."""
+@pytest.mark.parametrize("entry", [pt.dsa_prefill_indexer, pf.dsa_prefill_indexer_fused])
+def test_the_solution_entries_pass_the_definitions_rule_on_the_edge_workloads(uuid, entry):
+    """The shipped entries (solutions: dsactl-prefill-indexer, dsactl-prefill-indexer-fused) on the edge suite's
+    prefill workloads, judged by verify's rule against the definition's reference; a wrong id is caught by the
+    same rule."""
     from dsactl.definitions import get
     from dsactl.verify.rules import check
     from dsactl.workloads.generate import make_generated_inputs
@@ -140,9 +143,73 @@ def test_the_solution_entry_passes_the_definitions_rule_on_the_edge_workloads(uu
     d = get(workload.definition)
     inputs = make_generated_inputs(workload, DEVICE, seed=1)
     out = _poisoned_out(workload.axes["num_tokens"], d.params["topk"])
-    pt.dsa_prefill_indexer(*(inputs[n] for n in d.input_names), out)
+    entry(*(inputs[n] for n in d.input_names), out)
     verdict = check(d, inputs, {"topk_indices": out})
     assert verdict.passed, "\n".join(verdict.problems)
     row = int((out >= 0).sum(1).argmax())
     out[row, 0] = int(inputs["ke"][row])  # one past the row's last key
     assert not check(d, inputs, {"topk_indices": out}).passed
+
+
+def _best_first(inputs, topk):
+    """Each row's top keys by logit, ties to the lower id (the kernels' own logits), -1 padded."""
+    q, k, k_scale, weights, ks, ke = inputs
+    S = k.shape[0]
+    logits = torch.empty(q.shape[0], S, dtype=torch.float32, device=DEVICE)
+    ml.mqa_logits(q, k, k_scale, weights, ks, ke, logits, clean=True)
+    rows = []
+    for i in range(q.shape[0]):
+        start = min(max(int(ks[i]), 0), S)
+        end = min(max(int(ke[i]), start), S)
+        order = sorted(range(start, end), key=lambda s: (-float(logits[i, s]), s))[:topk]
+        rows.append(order + [-1] * (topk - len(order)))
+    return torch.tensor(rows, dtype=torch.int32, device=DEVICE)
+
+
+@pytest.mark.parametrize("heads, dim, topk", [(32, 32, 64), (64, 128, 64), (64, 64, 128)])
+@pytest.mark.parametrize("scratch_bytes", [pf.SCRATCH_BYTES, 1])  # one chunk; a program's rows a chunk
+def test_fused_top_k_gives_each_row_its_exact_top_keys(heads, dim, topk, scratch_bytes):
+    """Ranges several times a list's capacity (so lists are cut and their thresholds raised mid-row): the exact
+    top keys of each row, ties to the lower id."""
+    S = 9 * pf.capacity(topk) // 2
+    inputs = _inputs(7, heads, dim, S, seed=heads + dim + topk, ks=[0, 5, 40, 0, 300, 100, 7],
+                     ke=[S, S - 3, S, 90, S, 100 + topk, 7])
+    out = _poisoned_out(7, topk)
+    pf.prefill_topk_fused(*inputs, out, scratch_bytes=scratch_bytes)
+    assert_exact_top_keys(inputs, out)
+    assert torch.equal(out.sort(1).values, _best_first(inputs, topk).sort(1).values)
+
+
+def test_fused_top_k_clamps_ranges_outside_the_keys_and_breaks_ties_by_the_lower_id():
+    """Starts below 0, ends past S, ends before starts, empty rows: clamped, -1 padded; keys that are all
+    equal give each row its lowest ids."""
+    S = 200
+    ks = [-5, 0, 150, 180, 100, 0, 199, 50]
+    ke = [30, S, S + 40, 170, 100, 1, S, 10]
+    inputs = _inputs(8, 32, 64, S, seed=5, ks=ks, ke=ke)
+    out = _poisoned_out(8, 64)
+    pf.prefill_topk_fused(*inputs, out)
+    assert_exact_top_keys(inputs, out)
+    assert torch.equal(out.sort(1).values, _best_first(inputs, 64).sort(1).values)
+    q, k, k_scale, weights, ks_t, ke_t = inputs
+    same = (k[:1].expand_as(k).contiguous(), torch.full_like(k_scale, 0.01))
+    pf.prefill_topk_fused(q, *same, weights, ks_t, ke_t, out)
+    for i, (a, b) in enumerate(zip(ks, ke)):
+        start = min(max(a, 0), S)
+        ids = list(range(start, min(max(b, start), S)))[:64]
+        assert sorted(out[i].tolist()) == [-1] * (64 - len(ids)) + ids, f"row {i}"
+
+
+def test_fused_top_k_refuses_calls_outside_the_contract_naming_the_argument():
+    inputs = _inputs(4, 32, 32, 64, seed=1)
+    for message, out in (("topk must be in", _poisoned_out(4, pf.MAX_TOPK + 1)),
+                         ("out must be int32", _poisoned_out(4, 8).long()),
+                         ("out must be int32", _poisoned_out(3, 8))):
+        with pytest.raises(KernelInputError, match=message):
+            pf.prefill_topk_fused(*inputs, out)
+
+
+def test_fused_top_k_lists_have_room_for_a_tile_and_free_what_they_keep():
+    for topk in (1, 64, 100, 512, 2048):
+        cap = pf.capacity(topk)
+        assert cap >= topk + ml.BLOCK_KEYS and cap >= 2 * topk and cap & (cap - 1) == 0

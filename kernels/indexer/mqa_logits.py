@@ -52,6 +52,47 @@ def _store_inf(logits_ptr, stride, rows, real_row, tile0, num_keys, BLOCK_KEYS: 
              mask=(pos < num_keys)[:, None] & real_row[None, :])
 
 
+@triton.jit
+def row_block_ranges(ks_ptr, ke_ptr, rb, num_rows, num_keys, BLOCK_M: tl.constexpr):
+    """Row block rb's rows, which are real (< num_rows), their raw starts, ranges clamped to the keys [ks, ke),
+    and the keys any of them sees [lo, hi) (an empty block sees [num_keys, 0))."""
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    real_row = rows < num_rows
+    ks_raw = tl.load(ks_ptr + rows, mask=real_row, other=0)
+    ks = tl.minimum(tl.maximum(ks_raw, 0), num_keys)
+    ke = tl.minimum(tl.maximum(tl.load(ke_ptr + rows, mask=real_row, other=0), ks), num_keys)
+    lo = tl.min(tl.where(real_row & (ke > ks), ks, num_keys), 0)
+    hi = tl.max(tl.where(real_row & (ke > ks), ke, 0), 0)
+    return rows, real_row, ks_raw, ks, ke, lo, hi
+
+
+@triton.jit
+def row_block_query(q_ptr, w_ptr, w_stride, rb, num_rows, HEADS: tl.constexpr, DIM: tl.constexpr,
+                    BLOCK_M: tl.constexpr):
+    """Row block rb's q transposed, [DIM, BLOCK_M * HEADS] (keys are the dot's M side, so the head sum stays in
+    a thread's row), and its weights [BLOCK_M * HEADS]; rows past num_rows zero."""
+    qh = tl.arange(0, BLOCK_M * HEADS)
+    d = tl.arange(0, DIM)
+    real_qh = (rb * BLOCK_M + qh // HEADS) < num_rows
+    q = tl.load(q_ptr + (rb * BLOCK_M * HEADS + qh).to(tl.int64)[:, None] * DIM + d[None, :],
+                mask=real_qh[:, None], other=0.0)
+    w = tl.load(w_ptr + (rb * BLOCK_M + qh // HEADS).to(tl.int64) * w_stride + qh % HEADS, mask=real_qh, other=0.0)
+    return tl.trans(q), w
+
+
+@triton.jit
+def tile_logits(k_ptr, k_scale_ptr, t, qt, w, num_keys, HEADS: tl.constexpr, DIM: tl.constexpr,
+                BLOCK_M: tl.constexpr, BLOCK_KEYS: tl.constexpr):
+    """Key tile t against a row block: (its key positions [BLOCK_KEYS], their logits [BLOCK_KEYS, BLOCK_M])."""
+    pos = t * BLOCK_KEYS + tl.arange(0, BLOCK_KEYS)
+    live = pos < num_keys
+    k = tl.load(k_ptr + pos.to(tl.int64)[:, None] * DIM + tl.arange(0, DIM)[None, :], mask=live[:, None], other=0.0)
+    scale = tl.load(k_scale_ptr + pos, mask=live, other=0.0)
+    s = tl.dot(k, qt)  # [BLOCK_KEYS, BLOCK_M * HEADS] fp32
+    weighted = tl.maximum(s, 0.0) * w[None, :]
+    return pos, tl.sum(tl.reshape(weighted, (BLOCK_KEYS, BLOCK_M, HEADS)), axis=2) * scale[:, None]
+
+
 @triton.jit(do_not_specialize=["num_rows", "num_keys", "width", "tiles_per_program"])
 def mqa_logits_kernel(
     q_ptr,  # *fp8e4nv [T, HEADS, DIM]
@@ -71,23 +112,8 @@ def mqa_logits_kernel(
     tl.static_assert(not (CLEAN and COMPRESSED), "a compressed row has no outside to clean")
     rb = tl.program_id(0)
     chunk = tl.program_id(1)
-    j = tl.arange(0, BLOCK_M)
-    rows = rb * BLOCK_M + j
-    real_row = rows < num_rows
-    ks_raw = tl.load(ks_ptr + rows, mask=real_row, other=0)
-    ks = tl.minimum(tl.maximum(ks_raw, 0), num_keys)
-    ke = tl.minimum(tl.maximum(tl.load(ke_ptr + rows, mask=real_row, other=0), ks), num_keys)
-    # The keys any row of the block sees; an empty block sees [num_keys, 0).
-    lo = tl.min(tl.where(real_row & (ke > ks), ks, num_keys), 0)
-    hi = tl.max(tl.where(real_row & (ke > ks), ke, 0), 0)
-
-    qh = tl.arange(0, BLOCK_M * HEADS)
-    d = tl.arange(0, DIM)
-    real_qh = (rb * BLOCK_M + qh // HEADS) < num_rows
-    q = tl.load(q_ptr + (rb * BLOCK_M * HEADS + qh).to(tl.int64)[:, None] * DIM + d[None, :],
-                mask=real_qh[:, None], other=0.0)
-    qt = tl.trans(q)  # [DIM, BLOCK_M * HEADS]: keys are the M side, so the head sum stays in a thread's row
-    w = tl.load(w_ptr + (rb * BLOCK_M + qh // HEADS).to(tl.int64) * w_stride + qh % HEADS, mask=real_qh, other=0.0)
+    rows, real_row, ks_raw, ks, ke, lo, hi = row_block_ranges(ks_ptr, ke_ptr, rb, num_rows, num_keys, BLOCK_M)
+    qt, w = row_block_query(q_ptr, w_ptr, w_stride, rb, num_rows, HEADS, DIM, BLOCK_M)
 
     first = chunk * tiles_per_program
     last = tl.minimum(first + tiles_per_program, tl.cdiv(num_keys, BLOCK_KEYS))  # tile indices [first, last)
@@ -95,13 +121,8 @@ def mqa_logits_kernel(
     t_hi = tl.minimum(last, tl.cdiv(hi, BLOCK_KEYS))
     t_hi = tl.maximum(t_hi, t_lo)
     for t in tl.range(t_lo, t_hi, num_stages=STAGES):
-        pos = t * BLOCK_KEYS + tl.arange(0, BLOCK_KEYS)
+        pos, logit = tile_logits(k_ptr, k_scale_ptr, t, qt, w, num_keys, HEADS, DIM, BLOCK_M, BLOCK_KEYS)
         live = pos < num_keys
-        k = tl.load(k_ptr + pos.to(tl.int64)[:, None] * DIM + d[None, :], mask=live[:, None], other=0.0)
-        scale = tl.load(k_scale_ptr + pos, mask=live, other=0.0)
-        s = tl.dot(k, qt)  # [BLOCK_KEYS, BLOCK_M * HEADS] fp32
-        weighted = tl.maximum(s, 0.0) * w[None, :]
-        logit = tl.sum(tl.reshape(weighted, (BLOCK_KEYS, BLOCK_M, HEADS)), axis=2) * scale[:, None]
         seen = (pos[:, None] >= ks[None, :]) & (pos[:, None] < ke[None, :]) & real_row[None, :]
         if COMPRESSED:
             col = pos[:, None] - ks_raw[None, :]
