@@ -342,6 +342,33 @@ def test_split_choice_fills_the_gpu_without_splitting_full_grids():
     assert hopper_mla.num_splits_for(1, 64, 64, sms) == 1  # one block: nothing to split
 
 
+def test_a_grid_past_whole_waves_runs_as_a_head_of_whole_waves_and_a_split_tail():
+    sms = 132
+    for heads in hopper_mla.HEADS:
+        per_wave = sms // hopper_mla.groups(heads)  # tokens whose rows fill a wave
+        for topk in (2048, 16384):
+            for num_tokens in range(1, (hopper_mla.PLAN_MAX_WAVES + 2) * per_wave + 1):
+                for unit in (1, 2, 3):
+                    if num_tokens % unit:
+                        continue
+                    plan = hopper_mla.plan_for(num_tokens, heads, topk, sms, unit)
+                    assert sum(tokens for tokens, _ in plan) == num_tokens
+                    assert all(tokens % unit == 0 and 1 <= splits <= hopper_mla.MAX_SPLITS for tokens, splits in plan)
+                    if len(plan) == 2:  # a head of whole waves (less what the cut between requests leaves off)
+                        (head, _), (tail, tail_splits) = plan
+                        assert head == num_tokens // per_wave * per_wave // unit * unit and tail_splits > 1
+                        assert num_tokens <= hopper_mla.PLAN_MAX_WAVES * per_wave  # the grids measured
+                    else:
+                        assert plan == ((num_tokens, hopper_mla.num_splits_for(num_tokens, heads, topk, sms)),)
+    # FlashMLA's batch-74 decode case (2 tokens a request): 2 waves of one split, and 16 tokens in 4 splits
+    # (128 CTAs) instead of 592 CTAs of 2 splits (4.5 waves); a call of whole waves stays one launch.
+    assert hopper_mla.plan_for(148, 128, 2048, sms, 2) == ((132, 1), (16, 4))
+    assert hopper_mla.plan_for(148, 64, 2048, sms, 2) == ((132, 1), (16, 8))
+    assert hopper_mla.plan_for(264, 128, 2048, sms, 2) == ((264, 1),)
+    assert hopper_mla.plan_for(256, 128, 2048, sms, 2) == ((256, 1),)  # 3.9 waves: a tail of 58 would fill one
+    assert hopper_mla.plan_for(8, 128, 2048, sms) == ((8, 8),)  # less than a wave: splits alone
+
+
 def test_entries_take_the_served_definitions_signatures():
     for suffix in SERVED:
         entry = getattr(hopper_mla, "sparse_attention" + suffix)
@@ -503,6 +530,40 @@ def test_gpu_flashmla_conventions_on_every_path_that_finishes_a_row(heads, fp8kv
     tsm.sparse_mla_attention(**{name: named[name] for name in d.signature}, lse_base_e=True,
                              max_logits=triton_max, empty_lse=float("inf"))
     torch.testing.assert_close(max_logits, triton_max, atol=1e-2, rtol=1e-3)
+
+
+@pytest.mark.gpu
+@on_sm90
+@pytest.mark.parametrize("heads", [64, 128])
+@pytest.mark.parametrize("fp8kv", [False, True])
+def test_gpu_a_call_cut_into_a_head_and_a_tail_is_exact(heads, fp8kv):
+    """A call of whole waves and a few tokens more in requests of 2 tokens (FlashMLA's batch-74 decode case on
+    132 SMs), a topk_length a request and the sink: two launches (plan_for), the tail's splits combined, output
+    and lse as the reference and max_logits as one launch's."""
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    num_tokens = sms // 2 * 2 + 16
+    plan = hopper_mla.plan_for(num_tokens, heads, 2048, sms, 2)
+    assert len(plan) == 2 and plan[1][1] > 1, plan
+    suffix = "_fp8kv_lsee_topklen_sink" if fp8kv else "_lsee_topklen_sink"
+    definition = definition_name(heads, 2048, suffix)
+    inputs = case_inputs(definition, num_tokens, 4096, "cuda", seed=heads + fp8kv, pattern="scattered")
+    lengths = torch.randint(0, 2049, (num_tokens // 2,), dtype=torch.int32, device="cuda",
+                            generator=torch.Generator("cuda").manual_seed(7))
+    inputs["topk_length"] = lengths.repeat_interleave(2)  # the reference's: one a token
+    d = get(definition)
+    requests = {name: inputs[name].view(num_tokens // 2, 2, *inputs[name].shape[1:])
+                for name in ("q_nope", "q_pe", "sparse_indices")}
+    results = []
+    for num_splits in (None, 1):
+        outputs = poisoned_outputs(definition, inputs)
+        max_logits = torch.full_like(outputs["lse"], float("nan"))
+        named = {**inputs, **outputs, **requests, "topk_length": lengths}
+        hopper_mla.sparse_mla_attention(**{name: named[name] for name in d.signature}, lse_base_e=True,
+                                        max_logits=max_logits, num_splits=num_splits)
+        results.append((outputs, max_logits))
+    (planned, planned_max), (_, one_launch_max) = results
+    assert_matches_reference(definition, inputs, planned)
+    torch.testing.assert_close(planned_max, one_launch_max, rtol=1e-6, atol=1e-6)
 
 
 @pytest.mark.gpu

@@ -1239,6 +1239,8 @@ __device__ void consume_softmax(const Params& p, const Smem& sm, const Work& w, 
       if (rows.quad == 0) sm.row_scale()[rows.r[i]] = alpha[i];
     }
     fence_proxy_async();  // st.shared (generic proxy) is read by consumer 1's wgmma (async proxy)
+    // An arrive, not a sync: bar.arrive orders this thread's writes above before the reads that follow
+    // consumer 1's bar.sync. racecheck reports the factors' write and read as a hazard: it does not model that.
     named_barrier_arrive(kBarPReady, kConsumerThreads);
 
     const uint64_t v0 = v_desc(sm, stage, 0);

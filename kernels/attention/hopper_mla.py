@@ -26,7 +26,8 @@ are merged one of two ways: written in the Triton launcher's partial layout (tri
 scaled_split_partials: fp16 with a power-of-two factor per half row) that the Triton combine()
 reduces, or, with exactly CLUSTER_SPLITS (2) splits, inside the kernel: the two splits of one
 (token, head group) form a thread-block cluster and merge through distributed shared memory (no
-partials in global memory, no combine launch). merges_in_cluster() says when.
+partials in global memory, no combine launch). merges_in_cluster() says when. A grid a little past whole waves
+of CTAs runs as two launches, a head of whole waves and a tail split over every SM (plan_for).
 
 Staging: the whole FP8 cache is first converted into the fp16 rows the FP8 path would write to shared
 memory, and the kernel copies those rows instead of converting every gather: the same output bits, one
@@ -122,6 +123,45 @@ def launch_splits(num_tokens: int, heads: int, topk: int, fp8kv: bool, device: t
     """Splits of a launch: this GPU's tuned entry for the call's bucket, else num_splits_for()."""
     return tsm.launch_splits(TUNED, num_tokens, heads, topk, fp8kv, device, MAX_SPLITS,
                              lambda num_sms: num_splits_for(num_tokens, heads, topk, num_sms))
+
+
+# A grid a little past whole waves (one CTA an SM) leaves most SMs idle through its last wave of whole rows
+# (FlashMLA's batch-74 decode case: 148 tokens x 2 head groups, 2.24 waves of one split on 132 SMs). Such a
+# call runs as two launches: a head of whole waves, then the tail, whose few rows split over every SM; where
+# the split formula's costs of the two, plus LAUNCH_TILES for the second launch, are lower than one launch's,
+# on grids of up to PLAN_MAX_WAVES waves of one split: the calls measured (docs/design.md, "Measured choices";
+# past them a last wave is a smaller share of the time, and prefill's are unmeasured).
+LAUNCH_TILES = 1.0
+PLAN_MAX_WAVES = 5
+
+
+def _split_choice(num_tokens: int, heads: int, topk: int, num_sms: int) -> tuple[int, float]:
+    return tsm.split_choice(num_tokens, heads, topk, TILE, num_sms, PARTIAL_TILES, max_splits=MAX_SPLITS,
+                            row_ids_max=MAX_TOPK)
+
+
+@lru_cache(maxsize=None)
+def plan_for(num_tokens: int, heads: int, topk: int, num_sms: int, unit: int = 1) -> tuple[tuple[int, int], ...]:
+    """(tokens, splits) of each launch of a call, in token order, cut between groups of `unit` tokens (a
+    request's): one launch at num_splits_for()'s splits, or a head of whole waves and a tail (LAUNCH_TILES,
+    PLAN_MAX_WAVES)."""
+    splits, cost = _split_choice(num_tokens, heads, topk, num_sms)
+    head = num_tokens * groups(heads) // num_sms * num_sms // groups(heads) // unit * unit
+    if 0 < head < num_tokens and num_tokens * groups(heads) <= PLAN_MAX_WAVES * num_sms:
+        (head_splits, head_cost), (tail_splits, tail_cost) = (_split_choice(n, heads, topk, num_sms)
+                                                              for n in (head, num_tokens - head))
+        if head_cost + tail_cost + LAUNCH_TILES < cost:
+            return (head, head_splits), (num_tokens - head, tail_splits)
+    return ((num_tokens, splits),)
+
+
+def launch_plan(num_tokens: int, heads: int, topk: int, fp8kv: bool, device: torch.device,
+                unit: int = 1) -> tuple[tuple[int, int], ...]:
+    """(tokens, splits) of each launch of a call: one launch at this GPU's tuned entry for the call's
+    bucket, else plan_for()."""
+    return tsm.tuned_or_hand_picked(TUNED, num_tokens, heads, topk, fp8kv, device,
+                                    lambda knobs: ((num_tokens, tsm.tuned_splits(knobs, MAX_SPLITS)),),
+                                    lambda num_sms: plan_for(num_tokens, heads, topk, num_sms, unit))
 
 
 # Staging costs a pass over the whole cache (fp8_staging.py) and saves part of every gather's conversion,
@@ -339,19 +379,21 @@ def sparse_mla_attention(
     # Staging writes one row an id: from a cache whose ids are rows.
     staged = fp8kv and page_shift == 0 and (stages_cache(num_tokens, heads, topk, tokens_in_cache) if staged is None
                                             else staged)
-    splits = num_splits or launch_splits(num_tokens, heads, topk, fp8kv, device)
-    _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
-    # Staged rows are gathered per CTA, as bf16's: no head-group cluster to keep the splits' cluster from.
-    in_cluster = (merges_in_cluster(splits, heads, fp8kv and not staged) if reduce_in_cluster is None
-                  else reduce_in_cluster)
-    _check(not in_cluster or splits == CLUSTER_SPLITS,
-           f"splits merged in a cluster must number exactly {CLUSTER_SPLITS}, got {splits}")
-    lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
-    # One split, or splits merged in the cluster: the kernel writes the final output; else the Triton
-    # launcher's partials layout.
-    combined = splits > 1 and not in_cluster
-    partials = (tsm.scaled_split_partials(device, num_tokens, splits, heads) if combined
-                else (None, None, None, None))
+
+    def cluster(splits: int) -> bool:
+        # Staged rows are gathered per CTA, as bf16's: no head-group cluster to keep the splits' cluster from.
+        return (merges_in_cluster(splits, heads, fp8kv and not staged) if reduce_in_cluster is None
+                else reduce_in_cluster)
+
+    # Forced knobs (tests, tuning) take one launch; else the plan, cut between requests.
+    if num_splits is not None or reduce_in_cluster is not None:
+        plan = ((num_tokens, num_splits or launch_splits(num_tokens, heads, topk, fp8kv, device)),)
+    else:
+        plan = launch_plan(num_tokens, heads, topk, fp8kv, device, tokens_per_length)
+    for _, splits in plan:
+        _check(1 <= splits <= MAX_SPLITS, f"num_splits must be in [1, {MAX_SPLITS}], got {splits}")
+        _check(not cluster(splits) or splits == CLUSTER_SPLITS,
+               f"splits merged in a cluster must number exactly {CLUSTER_SPLITS}, got {splits}")
     if staged:
         rows, factors = fp8_staging.stage(kv_cache)
         kv_format, kv_a, stride_a, kv_b, stride_b = KV_STAGED, rows, rows.stride(0), factors, 0
@@ -367,31 +409,52 @@ def sparse_mla_attention(
     # denormal of 0 (a weight of exactly 1).
     if sm_scale < 0:
         q_nope, q_pe, sm_scale = -q_nope, -q_pe, -sm_scale
-    positions, q_nope_strides, q_pe_strides, ids_strides = _token_layout(q_nope, q_pe, sparse_indices)
     scale_log2 = float(sm_scale) * math.log2(math.e) or SMALLEST_DENORMAL
+    lse_scale = 1.0 / math.log2(math.e) if lse_base_e else 1.0
+    bad_count = tsm.bad_index_tensor(device, count_bad_ids)
     lib = library()
-    with torch.cuda.device(device):
-        code = lib.dsa_hopper_mla_decode(
-            q_nope.data_ptr(), q_nope_strides[0], q_nope_strides[2],
-            q_pe.data_ptr(), q_pe_strides[0], q_pe_strides[2],
-            kv_format, kv_a.data_ptr(), stride_a, None if kv_b is None else kv_b.data_ptr(), stride_b,
-            sparse_indices.data_ptr(), ids_strides[0],
-            num_tokens, heads, topk, splits, int(in_cluster),
-            scale_log2, lse_scale,
-            output.data_ptr(), output.stride(0), output.stride(1),
-            lse.data_ptr(), lse.stride(0), lse.stride(1),
-            *(None if t is None else t.data_ptr() for t in partials),
-            tokens_in_cache, tsm.bad_index_tensor(device, count_bad_ids).data_ptr(),
-            *(None if t is None else t.data_ptr() for t in (attn_sink, max_logits, topk_length)),
-            tokens_per_length, empty_lse, page_shift, page_rows, positions, q_nope_strides[1], q_pe_strides[1],
-            ids_strides[1], torch.cuda.current_stream(device).cuda_stream,
-        )
-    if code != 0:
-        raise KernelError(f"{WHO}: kernel launch failed: {lib.dsa_hopper_mla_error_string(code).decode()} "
-                          f"(code {code})")
-    if combined:
-        tsm.combine(partials, attn_sink, output, lse, lse_scale, heads, splits, num_tokens, max_logits=max_logits,
-                    empty_lse=empty_lse)
+
+    def launch(r0: int, r1: int, splits: int) -> None:
+        """The kernel (and the combine) over dim 0's entries [r0, r1) of q and the ids (tokens, or requests of
+        tokens_per_length tokens)."""
+        in_cluster = cluster(splits)
+        t0, t1 = r0 * tokens_per_length, r1 * tokens_per_length
+        q_n, q_p, ids = q_nope[r0:r1], q_pe[r0:r1], sparse_indices[r0:r1]
+        out, lse_, max_ = output[t0:t1], lse[t0:t1], None if max_logits is None else max_logits[t0:t1]
+        lengths = None if topk_length is None else topk_length[r0:r1]
+        # One split, or splits merged in the cluster: the kernel writes the final output; else the Triton
+        # launcher's partials layout.
+        combined = splits > 1 and not in_cluster
+        partials = (tsm.scaled_split_partials(device, t1 - t0, splits, heads) if combined
+                    else (None, None, None, None))
+        positions, q_nope_strides, q_pe_strides, ids_strides = _token_layout(q_n, q_p, ids)
+        with torch.cuda.device(device):
+            code = lib.dsa_hopper_mla_decode(
+                q_n.data_ptr(), q_nope_strides[0], q_nope_strides[2],
+                q_p.data_ptr(), q_pe_strides[0], q_pe_strides[2],
+                kv_format, kv_a.data_ptr(), stride_a, None if kv_b is None else kv_b.data_ptr(), stride_b,
+                ids.data_ptr(), ids_strides[0],
+                t1 - t0, heads, topk, splits, int(in_cluster),
+                scale_log2, lse_scale,
+                out.data_ptr(), out.stride(0), out.stride(1),
+                lse_.data_ptr(), lse_.stride(0), lse_.stride(1),
+                *(None if t is None else t.data_ptr() for t in partials),
+                tokens_in_cache, bad_count.data_ptr(),
+                *(None if t is None else t.data_ptr() for t in (attn_sink, max_, lengths)),
+                tokens_per_length, empty_lse, page_shift, page_rows, positions, q_nope_strides[1], q_pe_strides[1],
+                ids_strides[1], torch.cuda.current_stream(device).cuda_stream,
+            )
+        if code != 0:
+            raise KernelError(f"{WHO}: kernel launch failed: {lib.dsa_hopper_mla_error_string(code).decode()} "
+                              f"(code {code})")
+        if combined:
+            tsm.combine(partials, attn_sink, out, lse_, lse_scale, heads, splits, t1 - t0, max_logits=max_,
+                        empty_lse=empty_lse)
+
+    start = 0
+    for tokens, splits in plan:
+        launch(start // tokens_per_length, (start + tokens) // tokens_per_length, splits)
+        start += tokens
 
 
 # One counter for the operator, whichever kernel served the call.

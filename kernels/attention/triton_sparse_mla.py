@@ -39,7 +39,7 @@ import functools
 import math
 import os
 from dataclasses import dataclass, replace
-from typing import Callable
+from typing import Callable, TypeVar
 
 import torch
 import triton
@@ -56,6 +56,7 @@ from ..tuned import Table, device_identity, table_path
 
 # The Triton that builds these kernels, (major, minor): the configurations below depend on its compiler (config()).
 TRITON_VERSION = tuple(int(x) for x in triton.__version__.split(".")[:2])
+T = TypeVar("T")
 
 # Triton's CPU interpreter computes bf16 tl.dot wrongly (errors near 1e10, silently): upcast to fp32 there.
 INTERPRETING = os.environ.get("TRITON_INTERPRET") == "1"
@@ -703,7 +704,16 @@ PROGRAM_OVERHEAD_TILES = 1
 @functools.lru_cache(maxsize=None)
 def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms: int,
                    partial_tiles: float = 0.0, *, max_splits: int = MAX_SPLITS, row_ids_max: int = ROW_IDS_MAX) -> int:
-    """Splits per (token, head group), so that the grid fills the SMs: the count that minimizes
+    """Splits per (token, head group), so that the grid fills the SMs: split_choice()'s count."""
+    return split_choice(num_tokens, heads, topk, cfg, num_sms, partial_tiles, max_splits=max_splits,
+                        row_ids_max=row_ids_max)[0]
+
+
+@functools.lru_cache(maxsize=None)
+def split_choice(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms: int,
+                 partial_tiles: float = 0.0, *, max_splits: int = MAX_SPLITS,
+                 row_ids_max: int = ROW_IDS_MAX) -> tuple[int, float]:
+    """(splits, cost): the split count per (token, head group) that minimizes
     waves x (tiles per split + PROGRAM_OVERHEAD_TILES) + partial_tiles x programs / SMs, where
     waves = ceil(programs / SMs), one program per SM at a time (the large configurations fill an
     SM's shared memory), and the last term (with more than one split) is the partials' write and
@@ -713,7 +723,8 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
     (hopper_mla.PARTIAL_TILES).
     Contest T=8 at 16 heads: 16 splits, 128 programs of 2 tiles; 128 heads at T=128: 1 split. Rows over
     ROW_IDS_MAX take at least the splits that hold them (past MAX_SPLITS the launcher refuses them).
-    Another kernel passes its own split limit and the most ids a split of it holds."""
+    Another kernel passes its own split limit and the most ids a split of it holds. The cost is the busiest
+    SM's, in tiles, so that a launcher can compare ways to cut a call into launches."""
     tiles = cdiv(topk, cfg.block_n)
     fewest = cdiv(topk, row_ids_max)
     rows = num_tokens * cdiv(heads, cfg.block_h)  # a tile wider than the heads still takes a program
@@ -723,7 +734,8 @@ def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms:
         partials = partial_tiles * programs / num_sms if splits > 1 else 0.0
         return cdiv(programs, num_sms) * (cdiv(tiles, splits) + PROGRAM_OVERHEAD_TILES) + partials, splits
 
-    return min(range(fewest, max(fewest, min(tiles, max_splits)) + 1), key=cost)
+    best = min(range(fewest, max(fewest, min(tiles, max_splits)) + 1), key=cost)
+    return best, cost(best)[0]
 
 
 # `dsactl tune`'s table (kernels/tuned.py): per GPU and shape bucket, the knobs that beat the hand-picked
@@ -796,9 +808,15 @@ def launch_splits(table: Table, num_tokens: int, heads: int, topk: int, fp8kv: b
                   max_splits: int, hand_picked: Callable[[int], int]) -> int:
     """The split count of a CUDA kernel's launch: this GPU's entry in `table` for the call's bucket, else
     hand_picked(number of SMs)."""
-    return table.choose(device_identity(device), tuning_bucket(num_tokens, heads, topk, fp8kv),
-                        lambda knobs: tuned_splits(knobs, max_splits), lambda: hand_picked(_num_sms(device)),
-                        KernelInputError)
+    return tuned_or_hand_picked(table, num_tokens, heads, topk, fp8kv, device,
+                                lambda knobs: tuned_splits(knobs, max_splits), hand_picked)
+
+
+def tuned_or_hand_picked(table: Table, num_tokens: int, heads: int, topk: int, fp8kv: bool, device: torch.device,
+                         tuned: Callable[[dict], T], hand_picked: Callable[[int], T]) -> T:
+    """tuned(knobs) of this GPU's entry in `table` for the call's bucket, else hand_picked(number of SMs)."""
+    return table.choose(device_identity(device), tuning_bucket(num_tokens, heads, topk, fp8kv), tuned,
+                        lambda: hand_picked(_num_sms(device)), KernelInputError)
 
 
 @dataclass(frozen=True)
