@@ -348,6 +348,11 @@ def fits(q_nope, q_pe, sparse_indices, output, ckv_cache=None, kpe_cache=None, k
     return True
 
 
+def _rows(t: torch.Tensor | None, start: int, stop: int) -> torch.Tensor | None:
+    """t's dim-0 entries [start, stop): t itself where that is all of it (a view costs host time every call)."""
+    return t if t is None or (start == 0 and stop == t.shape[0]) else t[start:stop]
+
+
 def sparse_mla_attention(
     q_nope: torch.Tensor, q_pe: torch.Tensor, sparse_indices: torch.Tensor, sm_scale: float,
     output: torch.Tensor, lse: torch.Tensor, *, ckv_cache: torch.Tensor | None = None,
@@ -419,9 +424,8 @@ def sparse_mla_attention(
         tokens_per_length tokens)."""
         in_cluster = cluster(splits)
         t0, t1 = r0 * tokens_per_length, r1 * tokens_per_length
-        q_n, q_p, ids = q_nope[r0:r1], q_pe[r0:r1], sparse_indices[r0:r1]
-        out, lse_, max_ = output[t0:t1], lse[t0:t1], None if max_logits is None else max_logits[t0:t1]
-        lengths = None if topk_length is None else topk_length[r0:r1]
+        q_n, q_p, ids, lengths = (_rows(t, r0, r1) for t in (q_nope, q_pe, sparse_indices, topk_length))
+        out, lse_, max_ = (_rows(t, t0, t1) for t in (output, lse, max_logits))
         # One split, or splits merged in the cluster: the kernel writes the final output; else the Triton
         # launcher's partials layout.
         combined = splits > 1 and not in_cluster
