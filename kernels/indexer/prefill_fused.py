@@ -8,9 +8,9 @@ set, in an order of the kernel's own (no particular one), the same bits on every
 
 How: a program scores BLOCK_M = 128 // H query rows against the key tiles of its rows' ranges (mqa_logits.py's
 loop). Each logit and its key id are packed into one int64 that orders by logit, then by the lower id, and a
-row's list keeps those above its threshold: the topk-th best kept so far (every key until topk are kept). A list
-that would pass CAP entries is cut to its best topk (_cut_list: a select, not a sort), which raises the
-threshold; the last cut leaves the answer. The lists, CAP int64 a row, live in a scratch of at most SCRATCH_BYTES that rows use in chunks: a
+row's list keeps those above its threshold: the topk-th best kept so far (every key until topk are kept). After
+each segment of tiles, a list that could not take another is cut to its best topk (_cut_list: a select, not a
+sort), which raises the threshold; the last cut leaves the answer. The lists, CAP int64 a row, live in a scratch of at most SCRATCH_BYTES that rows use in chunks: a
 64K-token prompt's fp32 logits would be 16 GiB, its lists are 2 GiB and a chunk of them SCRATCH_BYTES.
 """
 
