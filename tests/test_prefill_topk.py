@@ -1,6 +1,6 @@
 """The prefill indexer's top-k (kernels/indexer/prefill_topk.py): chunked ragged logits, then the exact top-k
-of every row's own key range as key ids; and its fused form (prefill_fused.py), no logits in memory. Under the Triton interpreter on a CPU (the CUDA top-k's torch
-baseline standing in for it there) and natively on a GPU."""
+of every row's own key range as key ids; and its fused form (prefill_fused.py), no logits in memory. Under the
+Triton interpreter on a CPU (the CUDA top-k's torch baseline standing in for it there) and natively on a GPU."""
 
 import pytest
 import torch
@@ -151,7 +151,7 @@ def test_the_solution_entries_pass_the_definitions_rule_on_the_edge_workloads(uu
     assert not check(d, inputs, {"topk_indices": out}).passed
 
 
-def _best_first(inputs, topk):
+def _top_keys(inputs, topk):
     """Each row's top keys by logit, ties to the lower id (the kernels' own logits), -1 padded."""
     q, k, k_scale, weights, ks, ke = inputs
     S = k.shape[0]
@@ -177,7 +177,7 @@ def test_fused_top_k_gives_each_row_its_exact_top_keys(heads, dim, topk, scratch
     out = _poisoned_out(7, topk)
     pf.prefill_topk_fused(*inputs, out, scratch_bytes=scratch_bytes)
     assert_exact_top_keys(inputs, out)
-    assert torch.equal(out.sort(1).values, _best_first(inputs, topk).sort(1).values)
+    assert torch.equal(out.sort(1).values, _top_keys(inputs, topk).sort(1).values)
 
 
 def test_fused_top_k_clamps_ranges_outside_the_keys_and_breaks_ties_by_the_lower_id():
@@ -190,7 +190,7 @@ def test_fused_top_k_clamps_ranges_outside_the_keys_and_breaks_ties_by_the_lower
     out = _poisoned_out(8, 64)
     pf.prefill_topk_fused(*inputs, out)
     assert_exact_top_keys(inputs, out)
-    assert torch.equal(out.sort(1).values, _best_first(inputs, 64).sort(1).values)
+    assert torch.equal(out.sort(1).values, _top_keys(inputs, 64).sort(1).values)
     q, k, k_scale, weights, ks_t, ke_t = inputs
     same = (k[:1].expand_as(k).contiguous(), torch.full_like(k_scale, 0.01))
     pf.prefill_topk_fused(q, *same, weights, ks_t, ke_t, out)
@@ -202,7 +202,7 @@ def test_fused_top_k_clamps_ranges_outside_the_keys_and_breaks_ties_by_the_lower
 
 def test_fused_top_k_refuses_calls_outside_the_contract_naming_the_argument():
     inputs = _inputs(4, 32, 32, 64, seed=1)
-    for message, out in (("topk must be in", _poisoned_out(4, pf.MAX_TOPK + 1)),
+    for message, out in (("topk must be in", _poisoned_out(4, pt.MAX_TOPK + 1)),
                          ("out must be int32", _poisoned_out(4, 8).long()),
                          ("out must be int32", _poisoned_out(3, 8))):
         with pytest.raises(KernelInputError, match=message):

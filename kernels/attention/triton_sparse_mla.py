@@ -701,7 +701,6 @@ def configs(heads: int, fp8kv: bool, compact: bool = False) -> list[Config]:
 PROGRAM_OVERHEAD_TILES = 1
 
 
-@functools.lru_cache(maxsize=None)
 def num_splits_for(num_tokens: int, heads: int, topk: int, cfg: Config, num_sms: int,
                    partial_tiles: float = 0.0, *, max_splits: int = MAX_SPLITS, row_ids_max: int = ROW_IDS_MAX) -> int:
     """Splits per (token, head group), so that the grid fills the SMs: split_choice()'s count."""

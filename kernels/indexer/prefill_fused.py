@@ -22,7 +22,6 @@ import triton.language as tl
 
 from ..errors import KernelInputError
 from ..launch_math import cdiv, next_power_of_2
-from ..topk.launcher import MAX_TOPK
 from ..triton_options import FP_FUSION
 from .mqa_logits import (BLOCK_KEYS, DIMS, HEADS, NUM_STAGES, NUM_WARPS, ROWS_X_HEADS, check_inputs, row_block_query,
                          row_block_ranges, tile_logits)
@@ -154,10 +153,7 @@ def prefill_topk_fused(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, 
                        scratch_bytes: int = SCRATCH_BYTES) -> None:
     """Write out (module contract); the rows' lists take at most scratch_bytes (at least one program's rows)."""
     num_rows, heads, dim, num_keys = check_inputs(q, k, k_scale, weights, ks, ke)
-    check_out(out, num_rows, q.device, WHO)
-    topk = out.shape[1]
-    if not 0 < topk <= MAX_TOPK:
-        raise KernelInputError(f"{WHO}: topk must be in [1, {MAX_TOPK}], got {topk}")
+    topk = check_out(out, num_rows, q.device, WHO)
     if num_keys >= 2 ** 31 - 1:
         raise KernelInputError(f"{WHO}: key ids must stay below 2^31 - 1, got {num_keys} keys")
     if num_rows == 0:

@@ -37,12 +37,17 @@ def _fail(message: str) -> None:
     raise KernelInputError(f"{WHO}: {message}")
 
 
-def check_out(out: torch.Tensor, num_rows: int, device: torch.device, who: str = WHO) -> None:
-    """out must be int32 [num_rows, topk] with unit column stride on the inputs' device."""
+def check_out(out: torch.Tensor, num_rows: int, device: torch.device, who: str = WHO) -> int:
+    """topk of out, which must be int32 [num_rows, topk] with unit column stride on the inputs' device, topk in
+    [1, MAX_TOPK]."""
     if (out.dim() != 2 or out.shape[0] != num_rows or out.dtype != torch.int32 or out.stride(1) != 1
             or out.device != device):
         raise KernelInputError(f"{who}: out must be int32 [{num_rows}, topk] with unit column stride on {device}, "
                                f"got {out.dtype} {list(out.shape)} on {out.device}")
+    topk = out.shape[1]
+    if not 0 < topk <= MAX_TOPK:
+        raise KernelInputError(f"{who}: topk must be in [1, {MAX_TOPK}], got {topk}")
+    return topk
 
 
 def row_width(num_keys: int, max_row_keys: int | None) -> int:
@@ -68,10 +73,7 @@ def prefill_topk(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weight
     a sync; rows past it see only its first max_row_keys keys); logits (float32 [rows, width], unit column
     stride) is a workspace to chunk through instead of one taken from the caching allocator."""
     num_rows, _, _, num_keys = check_inputs(q, k, k_scale, weights, ks, ke)
-    check_out(out, num_rows, q.device)
-    topk = out.shape[1]
-    if not 0 < topk <= MAX_TOPK:
-        _fail(f"topk must be in [1, {MAX_TOPK}], got {topk}")
+    topk = check_out(out, num_rows, q.device)
     width = row_width(num_keys, max_row_keys)
     if num_rows == 0:
         return
