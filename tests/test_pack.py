@@ -271,8 +271,35 @@ def test_the_contest_attention_bundle_runs_alone_under_the_interpreter(tmp_path)
 CUDA_SOLUTIONS = [s for s in solutions.SOLUTIONS if s.language == "cuda"]
 
 
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+def _kernel_module(solution) -> str:
+    return solution.entry.split(":")[0]
+
+
+def _first_of_each_module(solutions_):
+    first = {}
+    for s in solutions_:
+        first.setdefault(_kernel_module(s), s)
+    return list(first.values())
+
+
+# A kernel module's solutions (the attention's sink, topk_length and lse variants) pack the same files but for
+# main.py's entry (checked below), so one of each module builds its libraries for all.
+CUDA_BUILDS = _first_of_each_module(CUDA_SOLUTIONS)
+
+
+def _bundle_files_past_the_entry(solution) -> list[dict]:
+    bundle = build_bundle(solution, _served_definition(solution).name, "n", "a")
+    return [s for s in bundle["sources"] if s["path"] != "main.py"]
+
+
 @pytest.mark.parametrize("solution", CUDA_SOLUTIONS, ids=lambda s: s.name)
+def test_cuda_bundles_of_one_kernel_module_differ_only_in_their_entry(solution):
+    built = next(s for s in CUDA_BUILDS if _kernel_module(s) == _kernel_module(solution))
+    assert _bundle_files_past_the_entry(solution) == _bundle_files_past_the_entry(built)
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs nvcc")
+@pytest.mark.parametrize("solution", CUDA_BUILDS, ids=lambda s: s.name)
 def test_unpacked_cuda_bundle_builds_its_libraries_alone(solution, tmp_path):
     bundle = build_bundle(solution, _served_definition(solution).name, "n", "a")
     libraries = [Path(s["path"]).stem for s in bundle["sources"] if s["path"].endswith(".cu")]
