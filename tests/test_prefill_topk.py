@@ -209,10 +209,11 @@ def test_fused_top_k_refuses_calls_outside_the_contract_naming_the_argument():
             pf.prefill_topk_fused(*inputs, out)
 
 
-def test_fused_top_k_lists_have_room_for_a_tile_and_free_what_they_keep():
-    for topk in (1, 64, 100, 512, 2048):
-        cap = pf.capacity(topk)
-        assert cap >= topk + ml.BLOCK_KEYS and cap >= 2 * topk and cap & (cap - 1) == 0
+def test_fused_top_k_lists_take_two_segments_past_topk_and_free_what_they_keep():
+    for topk in (1, 64, 100, 512, 1024, 2048):
+        cap, seg = pf.capacity(topk), pf.segment_keys(topk)
+        assert cap >= 2 * topk and cap & (cap - 1) == 0
+        assert seg % ml.BLOCK_KEYS == 0 and seg & (seg - 1) == 0 and cap >= topk + 2 * seg
 
 
 @pytest.mark.gpu
