@@ -14,7 +14,7 @@ then by the lower id, and the row's list keeps those above its threshold (the to
 key until topk are kept). A list that could not take another segment is cut to its best topk (_cut_list: a
 select, not a sort), which raises the threshold; the last cut leaves the answer. The lists, CAP int64 a row,
 and the segment buffers live in a scratch of at most SCRATCH_BYTES that rows use in chunks: a 64K-token
-prompt's fp32 logits would be 16 GiB, its lists are 2 GiB and a chunk of them SCRATCH_BYTES.
+prompt's fp32 logits would be 16 GiB, its lists and segments 2.25 GiB and a chunk of them SCRATCH_BYTES.
 """
 
 from __future__ import annotations
