@@ -15,7 +15,8 @@
 #   prefill    prefill.csv/.json + PNGs: attention at 64/128 heads x 1024-8192 tokens over a 64K-token context,
 #              bf16 and FP8 KV, with FlashMLA's sparse prefill (bf16) and decode (FP8) kernels in the same run
 #   prefill-indexer prefill-indexer.csv/.json: the prefill indexer and its top-k (dsa_prefill_indexer_*) over
-#              whole causal prompts of 4K and 16K tokens (the prefill suite's), ours alone
+#              whole causal prompts of 4K and 16K tokens (the prefill suite's), chunked and fused, beside
+#              DeepGEMM's logits under the chunked top-k (-b deepgemm, built from .baselines/DeepGEMM)
 #   dispatch   dispatch.csv: attention at 16-128 heads x 1-128 tokens, bf16 and FP8 KV, the dispatch's choice
 #              beside each kernel forced (-b dsactl-hopper, dsactl-mma, dsactl-triton): where the dispatch's token
 #              thresholds (kernels/attention/dispatch.py) come from, and what tests/test_dispatch.py holds them to
@@ -123,8 +124,13 @@ for area in "${AREAS[@]}"; do
         echo "reproduce.sh: FlashMLA does not import: prefill is timed without it" >&2
       bench prefill --suite prefill -d 'dsa_sparse_attention_*' -s dsactl-attention -s dsactl-attention-fp8kv \
         --no-reference --iters 10 --trials 2 "${baseline[@]}" ;;
-    prefill-indexer) "${DSACTL[@]}" bench --suite prefill -d 'dsa_prefill_indexer_*' --no-reference --iters 5 \
-        --trials 2 --csv "$DIR/prefill-indexer.csv" --json "$DIR/prefill-indexer.json" ;;
+    prefill-indexer)
+      deepgemm
+      dg_path=$PWD/.baselines/DeepGEMM:${PYTHONPATH:-}  # this area's only: the conformance runs resolve deep_gemm
+      baseline=(); PYTHONPATH=$dg_path python3 -c "import deep_gemm" 2>/dev/null && baseline+=(-b deepgemm) ||
+        echo "reproduce.sh: DeepGEMM does not import: the prefill indexer is timed without it" >&2
+      PYTHONPATH=$dg_path "${DSACTL[@]}" bench --suite prefill -d 'dsa_prefill_indexer_*' --no-reference \
+        --iters 5 --trials 2 "${baseline[@]}" --csv "$DIR/prefill-indexer.csv" --json "$DIR/prefill-indexer.json" ;;
     dispatch) "${DSACTL[@]}" bench --suite dispatch -d 'dsa_sparse_attention_*' -s dsactl-attention \
         -s dsactl-attention-fp8kv --no-reference --iters 20 --trials 2 -b dsactl-hopper -b dsactl-mma -b dsactl-triton \
         --csv "$DIR/dispatch.csv" ;;

@@ -720,6 +720,34 @@ def test_forced_kernel_plugins_serve_where_their_kernel_takes_the_call_and_run_t
     assert verdict.passed, "\n".join(verdict.problems)
 
 
+def test_deepgemm_plugin_serves_the_prefill_indexer_with_its_logits_under_the_chunked_top_k(monkeypatch):
+    """deepgemm: DeepGEMM's fp8_mqa_logits (compressed rows, max_seqlen_k the width) for each chunk, then the
+    chunked path's own top-k; the bound call gives the definition's answer."""
+    from dsactl.kernels.indexer import mqa_logits as ml, prefill_topk as pt
+
+    assert baselines.serves("deepgemm", get("dsa_prefill_indexer_fp8_h64_d128_topk2048"))
+    assert not baselines.serves("deepgemm", get(TOPK_DEF)) and not baselines.serves("deepgemm", get(CONTEST_INDEXER))
+    monkeypatch.setattr(pt, "topk_page_transform",  # the CUDA top-k's torch baseline, the same contract, on a CPU
+                        lambda scores, lengths, table, rows, out, topk, num_pages:
+                        topk_page_transform(scores, lengths, table, rows, out, num_pages=num_pages))
+    seen = []
+
+    def fp8_mqa_logits(q, kv, weights, ks, ke, clean_logits=True, max_seqlen_k=0):
+        seen.append((clean_logits, max_seqlen_k))
+        logits = torch.full((q.shape[0], max_seqlen_k), float("nan"))
+        ml.mqa_logits(q, *kv, weights, ks, ke, logits, clean=False, compressed=True)
+        return logits
+
+    workload = next(w for w in workloads.suite("edge") if w.uuid == "edge-prefill-indexer-prompts")
+    call = harness.prepare(workload, "cpu", seed=2)
+    plugin = next(p for p in baselines.PLUGINS if p.name == "deepgemm")
+    harness.poison(call.outputs)
+    plugin.adapter(SimpleNamespace(fp8_mqa_logits=fp8_mqa_logits), call)()
+    assert seen and all(s == (False, call.inputs["k_index_fp8"].shape[0]) for s in seen)
+    verdict = check(call.definition, call.inputs, call.outputs)
+    assert verdict.passed, "\n".join(verdict.problems)
+
+
 def _fake_bench_on(gpu: str):
     """runner.bench that reports running on `gpu`, times with _fake_timer on the CPU, and returns the run."""
     def fake(workloads_, settings, command, progress=None, on_ready=None, on_workload=None, executor=None):

@@ -151,6 +151,29 @@ def test_the_solution_entries_pass_the_definitions_rule_on_the_edge_workloads(uu
     assert not check(d, inputs, {"topk_indices": out}).passed
 
 
+def test_another_kernels_row_logits_run_under_the_same_chunked_top_k():
+    """row_logits (how bench times DeepGEMM's logits under this top-k): each chunk's logits come from it, its rows'
+    ends never past the width, and what it returns is checked."""
+    S = 256
+    inputs = _inputs(6, 32, 32, S, seed=4, ks=[0, 10, 100, 0, 200, 5], ke=[40, 60, 256, 256, 256, 5])
+    calls = []
+
+    def row_logits(q, k, k_scale, weights, start, end, width):
+        calls.append((q.shape[0], width, int((end - start).max())))
+        logits = torch.full((q.shape[0], width), float("nan"), device=DEVICE)
+        ml.mqa_logits(q, k, k_scale, weights, start, end, logits, clean=False, compressed=True)
+        return logits
+
+    out = _poisoned_out(6, 32)
+    pt.prefill_topk(*inputs, out, max_row_keys=64, logits_bytes=4 * 64 * 4, row_logits=row_logits)
+    assert_exact_top_keys(inputs, out, width=64)
+    assert calls == [(4, 64, 64), (2, 64, 56)]
+    with pytest.raises(KernelInputError, match="row_logits must return float32"):
+        pt.prefill_topk(*inputs, out, row_logits=lambda *a: torch.zeros(6, S, dtype=torch.bfloat16, device=DEVICE))
+    with pytest.raises(KernelInputError, match="exclude each other"):
+        pt.prefill_topk(*inputs, out, logits=torch.empty(6, S, device=DEVICE), row_logits=row_logits)
+
+
 def _top_keys(inputs, topk):
     """Each row's top keys by logit, ties to the lower id (the kernels' own logits), -1 padded."""
     q, k, k_scale, weights, ks, ke = inputs

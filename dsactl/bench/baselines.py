@@ -11,6 +11,9 @@ names pick among the others (default: all that serve the definition):
   flashinfer    FlashInfer's top_k_page_table_transform (top-k definitions)
   flashmla      FlashMLA's sparse attention (attention definitions): its decode kernel for FP8 KV, its
                 prefill kernel for bf16 KV; under 64 heads q is padded to 64 heads, as engines do
+  deepgemm      DeepGEMM's ragged FP8 logits (fp8_mqa_logits, compressed rows) under this project's chunked
+                exact top-k (prefill indexer definitions): the logits-then-top-k path engines run, with the
+                chunks and the top-k of dsactl-prefill-indexer, so the two differ only in the logits kernel
   dsactl-padded64  this project's attention on q padded to 64 heads (definitions under 64 heads): what
                 padding would cost here, beside the native kernels
   dsactl-hopper, dsactl-mma, dsactl-triton  this project's attention with one kernel forced, wherever that
@@ -137,6 +140,19 @@ def _padded_attention(module: Any, call: Call) -> Callable[[], Any]:
                              lse, lse_base_e=d.params["lse_base"] != 2.0, **extra)
 
 
+def _deepgemm_prefill_indexer(module: Any, call: Call) -> Callable[[], Any]:
+    """DeepGEMM's fp8_mqa_logits for each chunk of rows (compressed: max_seqlen_k is the chunk's width), then
+    the chunked path's own top-k."""
+    from dsactl.kernels.indexer import prefill_topk
+
+    def row_logits(q, k, k_scale, weights, start, end, width):
+        return module.fp8_mqa_logits(q, (k, k_scale), weights, start, end, clean_logits=False, max_seqlen_k=width)
+
+    x = call.inputs
+    return functools.partial(prefill_topk.prefill_topk, x["q_index_fp8"], x["k_index_fp8"], x["k_index_scale"],
+                             x["weights"], x["ks"], x["ke"], call.outputs["topk_indices"], row_logits=row_logits)
+
+
 def _forced_attention(implementation: str, module: Any, call: Call) -> Callable[[], Any]:
     """This project's attention entry with the kernel forced, on the definition's own tensors."""
     x, out, d = call.inputs, call.outputs, call.definition
@@ -182,6 +198,7 @@ PLUGINS = (
     Plugin("flashinfer", "flashinfer", lambda d: stage(d) == "topk", _flashinfer_topk),
     Plugin("flashmla", "flash_mla",
            lambda d: stage(d) == "attention" and d.params["heads"] <= max(FLASHMLA_HEADS), _flashmla_attention),
+    Plugin("deepgemm", "deep_gemm", lambda d: stage(d) == "prefill_indexer", _deepgemm_prefill_indexer),
     Plugin("dsactl-padded64", "dsactl.kernels.attention.solution",
            lambda d: stage(d) == "attention" and d.params["heads"] < PADDED_HEADS, _padded_attention),
     *(Plugin(f"dsactl-{impl}", "dsactl.kernels.attention.solution", functools.partial(_forced_serves, impl),

@@ -19,6 +19,8 @@ of it is logits_bytes. Nothing waits for the host, so a call captures in a CUDA 
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..errors import KernelInputError
@@ -66,12 +68,21 @@ def chunk_rows(num_rows: int, width: int, logits_bytes: int = LOGITS_BYTES) -> i
     return max(1, min(num_rows, logits_bytes // (max(width, 1) * LOGITS_DTYPE.itemsize)))
 
 
+# A chunk's logits from another kernel: (q, k, k_scale, weights, start, end, width) of the chunk's rows -> float32
+# [rows, width] with unit column stride, entry j of row i the logit of key start[i] + j for j < end[i] - start[i]
+# (mqa_logits' compressed form; the rest unread). Lets bench time a peer's logits under this top-k.
+RowLogits = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int],
+                     torch.Tensor]
+
+
 def prefill_topk(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weights: torch.Tensor, ks: torch.Tensor,
                  ke: torch.Tensor, out: torch.Tensor, *, max_row_keys: int | None = None,
-                 logits_bytes: int = LOGITS_BYTES, logits: torch.Tensor | None = None) -> None:
+                 logits_bytes: int = LOGITS_BYTES, logits: torch.Tensor | None = None,
+                 row_logits: RowLogits | None = None) -> None:
     """Write out (module contract). max_row_keys bounds every row's range length (the caller knows it without
     a sync; rows past it see only its first max_row_keys keys); logits (float32 [rows, width], unit column
-    stride) is a workspace to chunk through instead of one taken from the caching allocator."""
+    stride) is a workspace to chunk through instead of one taken from the caching allocator; row_logits
+    computes each chunk's logits instead of mqa_logits (which then takes no workspace: it returns its own)."""
     num_rows, _, _, num_keys = check_inputs(q, k, k_scale, weights, ks, ke)
     topk = check_out(out, num_rows, q.device)
     width = row_width(num_keys, max_row_keys)
@@ -81,15 +92,19 @@ def prefill_topk(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weight
         out.fill_(-1)
         return
     rows = chunk_rows(num_rows, width, logits_bytes)
-    if logits is None:
+    if row_logits is not None:
+        if logits is not None:
+            _fail("a workspace (logits) and row_logits exclude each other: row_logits returns its own logits")
+    elif logits is None:
         logits = torch.empty(rows, width, dtype=LOGITS_DTYPE, device=q.device)
     elif (logits.dim() != 2 or logits.dtype != LOGITS_DTYPE or logits.shape[1] != width or logits.stride(1) != 1
           or logits.device != q.device):
         _fail(f"logits must be float32 [rows, {width}] with unit column stride on {q.device}, got "
               f"{logits.dtype} {list(logits.shape)}")
-    rows = min(rows, logits.shape[0])
-    if rows == 0:
-        _fail("logits has no rows")
+    if logits is not None:
+        rows = min(rows, logits.shape[0])
+        if rows == 0:
+            _fail("logits has no rows")
     # Clamped once: the logits are computed relative to these starts, so every position a row's length
     # covers is written, and start + position stays inside the keys.
     start = ks.clamp(0, num_keys)
@@ -98,11 +113,20 @@ def prefill_topk(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weight
     pages = cdiv(width, PAGE_SIZE)
     identity = torch.arange(pages, dtype=torch.int32, device=q.device).view(1, pages)
     first_row = torch.zeros(rows, dtype=torch.int32, device=q.device)
+    # Ends within the width (max_row_keys), so another kernel never writes past it.
+    width_end = start + lengths if row_logits is not None else None
     for r0 in range(0, num_rows, rows):
         r1 = min(r0 + rows, num_rows)
-        chunk = logits[: r1 - r0]
-        mqa_logits(q[r0:r1], k, k_scale, weights[r0:r1], start[r0:r1], end[r0:r1], chunk, clean=False,
-                   compressed=True)
+        if row_logits is None:
+            chunk = logits[: r1 - r0]
+            mqa_logits(q[r0:r1], k, k_scale, weights[r0:r1], start[r0:r1], end[r0:r1], chunk, clean=False,
+                       compressed=True)
+        else:
+            chunk = row_logits(q[r0:r1], k, k_scale, weights[r0:r1], start[r0:r1], width_end[r0:r1], width)
+            if (chunk.shape != (r1 - r0, width) or chunk.dtype != LOGITS_DTYPE or chunk.stride(1) != 1
+                    or chunk.device != q.device):
+                _fail(f"row_logits must return float32 [{r1 - r0}, {width}] with unit column stride on {q.device}, "
+                      f"got {chunk.dtype} {list(chunk.shape)}")
         ids = out[r0:r1]
         topk_page_transform(chunk, lengths[r0:r1], identity, first_row[: r1 - r0], ids, topk, num_pages=pages)
         ids.add_(torch.where(ids >= 0, start[r0:r1, None], 0))
