@@ -205,7 +205,8 @@ def test_csv_names_its_columns_and_carries_the_scores(tmp_path):
     assert header.split(",") == [
         "solution", "kind", "impl", "definition", "workload", "label", "axes", "method", "iters", "trials",
         "median_us", "min_us", "max_us", "spread_us", "trial_medians_us", "size", "needed_bytes", "needed_flops",
-        "speedup", "gbps", "pct_copy_bw", "tflops", "pct_bf16_peak", "active_sms", "gpu", "gpu_uuid", "host"]
+        "speedup", "gbps", "pct_copy_bw", "tflops", "pct_bf16_peak", "active_sms", "allocated_mib", "gpu", "gpu_uuid",
+        "host"]
     (scores,) = [line for line in text.splitlines() if line.startswith("# scores: ")]
     assert json.loads(scores.removeprefix("# scores: ")) == [SCORE]
     row = next(r for r in text.splitlines() if r.startswith("torch-topk,"))
@@ -677,6 +678,25 @@ def test_every_available_method_times_a_triton_kernel():
         assert "torch-profiler" in medians, timing.available_methods()
         assert max(medians.values()) < 1.2 * min(medians.values()), medians
         """)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_gpu_rows_report_what_one_call_allocates():
+    """allocated_mib: the chunked prefill indexer's logits chunk and the fused one's lists at least; none for the
+    reference, whose call is not repeated to measure it."""
+    from dsactl.kernels.indexer import prefill_fused as pf
+
+    w = next(w for w in workloads.suite("edge") if w.uuid == "edge-prefill-indexer-whole")
+    q, k = (harness.prepare(w, "cpu", seed=0).inputs[n] for n in ("q_index_fp8", "k_index_fp8"))
+    T, S, topk = q.shape[0], k.shape[0], get(w.definition).params["topk"]
+    result = runner.bench([w], Settings(warmup=1, iters=2, trials=1, baselines=[],
+                                        solutions=["dsactl-prefill-indexer", "dsactl-prefill-indexer-fused"]), "pytest")
+    rows = {r.solution: r for r in result.results}
+    assert rows["reference"].allocated_mib is None
+    assert rows["dsactl-prefill-indexer"].allocated_mib >= T * S * 4 / 2**20
+    fused_lists = T * (pf.capacity(topk) * 8 + pf.segment_keys(topk) * 4)
+    assert rows["dsactl-prefill-indexer-fused"].allocated_mib >= fused_lists / 2**20
 
 
 @pytest.mark.gpu

@@ -23,6 +23,10 @@ says how close a call came to moving its compulsory bytes at the copy bandwidth.
 Active SMs: a solution's entry function may carry a `grid_ctas` attribute, a
 callable taking the same arguments as the solution that returns the number of
 CTAs of its largest launch; bench then reports min(CTAs, SMs).
+
+Allocated memory: what one call takes from torch's CUDA caching allocator at its
+peak beyond what it was given (workspaces, chunks of logits, a peer's own output
+tensors), measured on a call of its own, outside the timed ones.
 """
 
 from __future__ import annotations
@@ -168,6 +172,19 @@ WORK: dict[str, Callable[[Definition, Mapping[str, Any]], Work]] = {
 
 def work(d: Definition, inputs: Mapping[str, Any]) -> Work:
     return WORK[stage(d)](d, inputs)
+
+
+def allocated_mib(fn: Callable[[], Any], device: str) -> float:
+    """MiB one call of fn allocated at its peak on the CUDA device beyond what was allocated before it (module
+    doc)."""
+    import torch
+
+    torch.cuda.synchronize(device)
+    before = torch.cuda.memory_allocated(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    fn()
+    torch.cuda.synchronize(device)
+    return (torch.cuda.max_memory_allocated(device) - before) / 2**20
 
 
 def active_sms(fn: Callable, args: list[Any], sm_count: int) -> int | None:

@@ -80,6 +80,7 @@ class Result:
     tflops: float | None = None  # needed_flops / median, 1e12 FLOP/s
     pct_bf16_peak: float | None = None  # tflops over the measured bf16 matmul rate, %
     active_sms: int | None = None
+    allocated_mib: float | None = None  # what one call allocated at its peak (metrics); None: not measured here
     gpu: str = ""  # the GPU that timed it, its UUID and host
     gpu_uuid: str = ""
     host: str = ""
@@ -210,6 +211,7 @@ def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings
     work = None
     grids: dict[str, int | None] = {}
     impls: dict[str, str] = {}
+    allocated: dict[str, float | None] = {}
     for trial in range(settings.trials):
         if progress:
             progress(f"{w.uuid} trial {trial + 1}/{settings.trials}")
@@ -223,10 +225,14 @@ def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings
             iters = REFERENCE_ITERS if reference else settings.iters
             warmup = REFERENCE_WARMUP if reference else settings.warmup
             try:
+                fn = c.bind(call)
                 if c.name not in grids:
                     grids[c.name] = metrics.active_sms(c.entry, call.args(), sm_count) if c.entry and sm_count else None
                     impls[c.name] = impl_of(c, call)
-                methods[c.name], got = timer(c.bind(call), iters, warmup)
+                    # Not the reference: a call of its loops costs as much as its timed ones.
+                    measured = device.startswith("cuda") and not reference
+                    allocated[c.name] = metrics.allocated_mib(fn, device) if measured else None
+                methods[c.name], got = timer(fn, iters, warmup)
             except Exception as e:  # a failing contender is reported, the run goes on
                 failed.add(c.name)
                 skipped.append(Skipped(c.name, c.kind, w.definition, f"{type(e).__name__}: {e}", w.uuid))
@@ -246,7 +252,7 @@ def _bench_workload(w: Workload, contenders: list[Contender], settings: Settings
             median_us=stats.median_us, min_us=stats.min_us, max_us=stats.max_us, spread_us=stats.spread_us,
             trial_medians_us=stats.trial_medians_us, size=work.size, needed_bytes=work.needed_bytes,
             needed_flops=work.needed_flops,
-            active_sms=grids.get(c.name)))
+            active_sms=grids.get(c.name), allocated_mib=allocated.get(c.name)))
     return rows
 
 
