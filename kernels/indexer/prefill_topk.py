@@ -19,6 +19,7 @@ of it is logits_bytes. Nothing waits for the host, so a call captures in a CUDA 
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import torch
@@ -95,41 +96,44 @@ def prefill_topk(q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor, weight
     if row_logits is not None:
         if logits is not None:
             _fail("a workspace (logits) and row_logits exclude each other: row_logits returns its own logits")
-    elif logits is None:
-        logits = torch.empty(rows, width, dtype=LOGITS_DTYPE, device=q.device)
-    elif (logits.dim() != 2 or logits.dtype != LOGITS_DTYPE or logits.shape[1] != width or logits.stride(1) != 1
-          or logits.device != q.device):
-        _fail(f"logits must be float32 [rows, {width}] with unit column stride on {q.device}, got "
-              f"{logits.dtype} {list(logits.shape)}")
-    if logits is not None:
+    else:
+        if logits is None:
+            logits = torch.empty(rows, width, dtype=LOGITS_DTYPE, device=q.device)
+        elif (logits.dim() != 2 or logits.dtype != LOGITS_DTYPE or logits.shape[1] != width
+              or logits.stride(1) != 1 or logits.device != q.device):
+            _fail(f"logits must be float32 [rows, {width}] with unit column stride on {q.device}, got "
+                  f"{logits.dtype} {list(logits.shape)}")
         rows = min(rows, logits.shape[0])
         if rows == 0:
             _fail("logits has no rows")
+        row_logits = functools.partial(_logits_into, logits)
     # Clamped once: the logits are computed relative to these starts, so every position a row's length
-    # covers is written, and start + position stays inside the keys.
+    # covers is written, and start + position stays inside the keys; ends within the width (max_row_keys), so
+    # no logits kernel writes past it.
     start = ks.clamp(0, num_keys)
-    end = torch.maximum(ke.clamp(max=num_keys), start)
-    lengths = (end - start).clamp_(max=width)
+    lengths = (torch.maximum(ke.clamp(max=num_keys), start) - start).clamp_(max=width)
+    end = start + lengths
     pages = cdiv(width, PAGE_SIZE)
     identity = torch.arange(pages, dtype=torch.int32, device=q.device).view(1, pages)
     first_row = torch.zeros(rows, dtype=torch.int32, device=q.device)
-    # Ends within the width (max_row_keys), so another kernel never writes past it.
-    width_end = start + lengths if row_logits is not None else None
     for r0 in range(0, num_rows, rows):
         r1 = min(r0 + rows, num_rows)
-        if row_logits is None:
-            chunk = logits[: r1 - r0]
-            mqa_logits(q[r0:r1], k, k_scale, weights[r0:r1], start[r0:r1], end[r0:r1], chunk, clean=False,
-                       compressed=True)
-        else:
-            chunk = row_logits(q[r0:r1], k, k_scale, weights[r0:r1], start[r0:r1], width_end[r0:r1], width)
-            if (chunk.shape != (r1 - r0, width) or chunk.dtype != LOGITS_DTYPE or chunk.stride(1) != 1
-                    or chunk.device != q.device):
-                _fail(f"row_logits must return float32 [{r1 - r0}, {width}] with unit column stride on {q.device}, "
-                      f"got {chunk.dtype} {list(chunk.shape)}")
+        chunk = row_logits(q[r0:r1], k, k_scale, weights[r0:r1], start[r0:r1], end[r0:r1], width)
+        if (chunk.shape != (r1 - r0, width) or chunk.dtype != LOGITS_DTYPE or chunk.stride(1) != 1
+                or chunk.device != q.device):
+            _fail(f"row_logits must return float32 [{r1 - r0}, {width}] with unit column stride on {q.device}, "
+                  f"got {chunk.dtype} {list(chunk.shape)}")
         ids = out[r0:r1]
         topk_page_transform(chunk, lengths[r0:r1], identity, first_row[: r1 - r0], ids, topk, num_pages=pages)
         ids.add_(torch.where(ids >= 0, start[r0:r1, None], 0))
+
+
+def _logits_into(workspace: torch.Tensor, q: torch.Tensor, k: torch.Tensor, k_scale: torch.Tensor,
+                 weights: torch.Tensor, start: torch.Tensor, end: torch.Tensor, width: int) -> torch.Tensor:
+    """The default RowLogits: mqa_logits' compressed rows in the workspace's first rows."""
+    chunk = workspace[: q.shape[0]]
+    mqa_logits(q, k, k_scale, weights, start, end, chunk, clean=False, compressed=True)
+    return chunk
 
 
 def dsa_prefill_indexer(q_index_fp8: torch.Tensor, k_index_fp8: torch.Tensor, k_index_scale: torch.Tensor,
