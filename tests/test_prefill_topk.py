@@ -151,6 +151,67 @@ def test_the_solution_entries_pass_the_definitions_rule_on_the_edge_workloads(uu
     assert not check(d, inputs, {"topk_indices": out}).passed
 
 
+def _judged(inputs, out):
+    """Verify's prefill rule on a call of any topk (the definitions' three are not needed to judge one)."""
+    from dsactl.verify.rules import Tolerance, check_prefill_ids
+
+    names = ("q_index_fp8", "k_index_fp8", "k_index_scale", "weights", "ks", "ke")
+    return check_prefill_ids(out, dict(zip(names, inputs)), Tolerance())
+
+
+def test_the_rule_judges_rows_in_blocks_and_leaves_only_doubtful_rows_to_the_row_check(monkeypatch):
+    """The prefill rule checks many rows with one matmul; a right answer passes without the per-row check,
+    each kind of wrong row is still caught and named by it, and blocks of one row or of all rows agree."""
+    from dsactl.harness import INT_POISON
+    from dsactl.verify import rules
+
+    inputs = _inputs(40, 32, 64, 300, seed=11)
+    out = _poisoned_out(40, 64)
+    pt.prefill_topk(*inputs, out)
+    row_checks = []
+    monkeypatch.setattr(rules, "check_row", lambda *a, **kw: row_checks.append(a[1].where) or ([], 0, 0.0, 0.0))
+    for elements in (1, rules.PREFILL_CHECK_ELEMENTS):
+        monkeypatch.setattr(rules, "PREFILL_CHECK_ELEMENTS", elements)
+        verdict = _judged(inputs, out)
+        assert verdict.passed and row_checks == [] and verdict.max_rel < 1e-4
+    monkeypatch.undo()
+
+    ks, ke = inputs[4].long(), inputs[5].long()
+    full = [t for t in range(40) if int(ke[t] - ks[t]) > 64]
+    partial = next(t for t in range(40) if 0 < int(ke[t] - ks[t]) < 64)
+    faults = []
+    bad = out.clone()
+    kept = bad[full[0]].clone()
+    bad[full[0]] = torch.where(kept == kept.max(), int(ks[full[0]]) + int((ke[full[0]] - ks[full[0]]) // 2), kept)
+    faults.append((bad, f"row {full[0]}"))  # one kept key swapped for another (a lower logit or a repeat)
+    bad = out.clone()
+    bad[partial, (bad[partial] >= 0).nonzero()[0]] = -1
+    faults.append((bad, f"row {partial}"))  # a due id dropped
+    bad = out.clone()
+    bad[full[1], 3] = int(ke[full[1]])
+    faults.append((bad, f"id {int(ke[full[1]])} is outside the row's keys"))
+    bad = out.clone()
+    bad[full[2], 5] = INT_POISON
+    faults.append((bad, f"row {full[2]}: 1 slot never written"))
+    for wrong, says in faults:
+        verdict = _judged(inputs, wrong)
+        assert not verdict.passed and any(says in p for p in verdict.problems), (says, verdict.problems)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered")  # inf times 0 in the interpreter
+def test_the_rule_leaves_rows_with_non_finite_logits_to_the_row_check():
+    """A row whose logits hold inf or NaN (hostile weights) is judged by the per-row check's ranking."""
+    inputs = _inputs(12, 32, 64, 200, seed=12)
+    inf_row, nan_row = (inputs[5] - inputs[4]).topk(2).indices.tolist()
+    inputs[3][inf_row] = float("inf")
+    inputs[3][nan_row, 0] = float("nan")
+    out = _poisoned_out(12, 64)
+    pt.prefill_topk(*inputs, out)
+    assert _judged(inputs, out).passed
+    out[inf_row] = -1
+    assert not _judged(inputs, out).passed
+
+
 def test_another_kernels_row_logits_run_under_the_same_chunked_top_k():
     """row_logits (how bench times DeepGEMM's logits under this top-k): each chunk's logits come from it, its rows'
     ends never past the width, and what it returns is checked."""

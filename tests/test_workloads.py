@@ -39,7 +39,7 @@ def test_prefill_suite_gathers_each_cached_token_many_times():
     whole causal prompts (every token a query, token t seeing keys 0..t)."""
     everything = workloads.suite("prefill")
     indexer = [w for w in everything if w.definition.startswith("dsa_prefill_indexer")]
-    assert [(w.axes["num_tokens"], w.axes["num_keys"]) for w in indexer] == [(4096, 4096), (16384, 16384)]
+    assert [(w.axes["num_tokens"], w.axes["num_keys"]) for w in indexer] == [(4096, 4096), (16384, 16384), (65536, 65536)]
     assert all(w.params["prompts"] == (w.axes["num_keys"],) and "queries" not in w.params for w in indexer)
     ws = [w for w in everything if w not in indexer]
     assert {(get(w.definition).params["heads"], w.axes["num_tokens"]) for w in ws} == {

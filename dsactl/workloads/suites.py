@@ -127,7 +127,9 @@ PREFILL_NUM_PAGES = 1024  # a 64K-token context: each cached token is gathered 3
 
 
 PREFILL_INDEXER = "dsa_prefill_indexer_fp8_h64_d128_topk2048"
-PREFILL_INDEXER_PROMPTS = (4096, 16384)  # one causal prompt, every token a query
+# One causal prompt, every token a query; at 64K tokens its fp32 logits would take 16 GiB, which is what the
+# fused top-k and the chunked path avoid.
+PREFILL_INDEXER_PROMPTS = (4096, 16384, 65536)
 
 
 def prefill() -> list[Workload]:
