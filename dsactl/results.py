@@ -160,6 +160,34 @@ def prefill(folder: Path) -> str:
     return _md(["heads", "contender, us", *(f"T={t}" for t in ts)], rows, right_from=2)
 
 
+PREFILL_INDEXER_CONTENDERS = {"dsactl-prefill-indexer": "dsactl, logits in row chunks",
+                               "dsactl-prefill-indexer-fused": "dsactl fused, no logits in memory",
+                               "deepgemm": "DeepGEMM logits + dsactl top-k"}
+
+
+def prefill_indexer(folder: Path) -> str:
+    """The prefill indexer and its top-k over whole causal prompts: each contender's time, rate and what one call
+    allocates beyond its inputs and outputs, and DeepGEMM's time over it (DeepGEMM's logits under our chunks and
+    top-k, timed in the same run)."""
+    axes = _axes()
+    cells: dict[tuple[int, str], Result] = {}
+    for r in _rows(folder, "prefill-indexer.csv"):
+        if r.solution in PREFILL_INDEXER_CONTENDERS:
+            cells[(axes[r.workload]["num_tokens"], r.solution)] = r
+    rows = []
+    for t in sorted({t for t, _ in cells}):
+        theirs = cells.get((t, "deepgemm"))
+        for name, label in PREFILL_INDEXER_CONTENDERS.items():
+            r = cells.get((t, name))
+            if r is None:
+                continue
+            ratio = f"{theirs.median_us / r.median_us:.2f}" if theirs is not None and name != "deepgemm" else "—"
+            rate = f"{r.tflops:.0f}" if r.tflops is not None else "—"
+            mib = f"{r.allocated_mib:.0f}" if r.allocated_mib is not None else "—"
+            rows.append((f"{t // 1024}K", label, _us(r.median_us), rate, mib, ratio))
+    return _md(["prompt", "contender", "us", "TFLOP/s", "MiB a call", "DeepGEMM / it"], rows, right_from=2)
+
+
 ROWS_SHOWN = (1, 32, 128)  # batch sizes the README shows of the scale suite's five
 
 
@@ -273,7 +301,7 @@ TABLES: dict[str, tuple[str, Callable[[Path], str]]] = {
     "attention-fp8": ("attention.csv", attention_fp8), "attention-bf16": ("attention.csv", attention_bf16), "prefill": ("prefill.csv", prefill),
     "indexer": ("indexer.csv", indexer), "pipeline": ("pipeline.csv", pipeline), "verify": ("verify.json", verify),
     "tune-contest": ("tune-contest.json", tune_contest), "tune-scale": ("tune-scale.json", tune_scale),
-    "conformance": ("conformance.json", conformance),
+    "conformance": ("conformance.json", conformance), "prefill-indexer": ("prefill-indexer.csv", prefill_indexer),
 }
 
 

@@ -222,6 +222,32 @@ def test_json_round_trip_adds_scores_and_skipped(tmp_path):
     assert back.results == run_.results and back.skipped == run_.skipped and back.meta == run_.meta
 
 
+def test_the_prefill_indexer_table_puts_each_contender_beside_deepgemm_from_the_csv(tmp_path):
+    """results' prefill-indexer table, from a bench CSV: per prompt, each contender's time, rate and MiB a call,
+    and DeepGEMM's time over each of ours; a contender a run lacks is left out, never shown as zero."""
+    from dsactl import results
+
+    def row(solution, uuid, us, mib):
+        return Result(solution=solution, kind="plugin" if solution == "deepgemm" else "solution",
+                      definition="dsa_prefill_indexer_fp8_h64_d128_topk2048", workload=uuid, label="", axes="",
+                      method="cupti", iters=5, trials=2, median_us=us, min_us=us, max_us=us, spread_us=0.0,
+                      trial_medians_us=[us], size=1, needed_flops=int(us * 5e8), tflops=500.0, allocated_mib=mib)
+
+    run_ = BenchRun(meta={}, results=[
+        row("dsactl-prefill-indexer", "prefill-indexer-s65536", 50000.0, 1064.0),
+        row("dsactl-prefill-indexer-fused", "prefill-indexer-s65536", 40000.0, 2304.0),
+        row("deepgemm", "prefill-indexer-s65536", 60000.0, 1100.0),
+        row("dsactl-prefill-indexer", "prefill-indexer-s4096", 380.0, 104.0)])
+    report.write_csv(tmp_path / "prefill-indexer.csv", run_)
+    lines = results.prefill_indexer(tmp_path).splitlines()
+    assert lines[0] == "| prompt | contender | us | TFLOP/s | MiB a call | DeepGEMM / it |"
+    assert lines[2:] == [
+        "| 4K | dsactl, logits in row chunks | 380.0 | 500 | 104 | — |",
+        "| 64K | dsactl, logits in row chunks | 50000.0 | 500 | 1064 | 1.20 |",
+        "| 64K | dsactl fused, no logits in memory | 40000.0 | 500 | 2304 | 1.50 |",
+        "| 64K | DeepGEMM logits + dsactl top-k | 60000.0 | 500 | 1100 | — |"]
+
+
 def test_scores_without_a_reference_keep_the_mean_latency():
     rows = [r for r in _run().results if r.kind != "reference"]
     for r in rows:
