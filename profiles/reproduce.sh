@@ -13,7 +13,8 @@
 #   attention  attention.csv/.json + PNGs: production attention shapes (16-128 heads, 1-512 tokens, bf16 and
 #              FP8 KV), with FlashMLA's sparse decode in the same run when it imports (below)
 #   prefill    prefill.csv/.json + PNGs: attention at 64/128 heads x 1024-8192 tokens over a 64K-token context,
-#              bf16 and FP8 KV, with FlashMLA's sparse prefill (bf16) and decode (FP8) kernels in the same run
+#              bf16 and FP8 KV, with FlashMLA's sparse prefill (bf16) and decode (FP8) kernels in the same run,
+#              and its prefill on an FP8 cache upconverted to bf16 first (flashmla-upconvert), as engines run it
 #   prefill-indexer prefill-indexer.csv/.json: the prefill indexer and its top-k (dsa_prefill_indexer_*) over
 #              whole causal prompts of 4K and 16K tokens (the prefill suite's), chunked and fused, beside
 #              DeepGEMM's logits under the chunked top-k (-b deepgemm, built from .baselines/DeepGEMM)
@@ -120,7 +121,7 @@ for area in "${AREAS[@]}"; do
         --no-reference --iters 20 --trials 2 "${baseline[@]}" ;;
     prefill)
       flashmla
-      baseline=(); python3 -c "import flash_mla" 2>/dev/null && baseline+=(-b flashmla) ||
+      baseline=(); python3 -c "import flash_mla" 2>/dev/null && baseline+=(-b flashmla -b flashmla-upconvert) ||
         echo "reproduce.sh: FlashMLA does not import: prefill is timed without it" >&2
       bench prefill --suite prefill -d 'dsa_sparse_attention_*' -s dsactl-attention -s dsactl-attention-fp8kv \
         --no-reference --iters 10 --trials 2 "${baseline[@]}" ;;

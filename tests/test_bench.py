@@ -248,6 +248,29 @@ def test_the_prefill_indexer_table_puts_each_contender_beside_deepgemm_from_the_
         "| 64K | DeepGEMM logits + dsactl top-k | 60000.0 | 500 | 1100 | — |"]
 
 
+def test_the_prefill_table_adds_flashmlas_upconverted_fp8_path_where_the_run_has_it(tmp_path):
+    from dsactl import results
+
+    d = "dsa_sparse_attention_h64_ckv512_kpe64_topk2048_ps64"
+
+    def row(solution, fp8, us):
+        return Result(solution=solution, kind="solution", definition=d + ("_fp8kv" if fp8 else ""),
+                      workload=f"prefill-attention-h64-t1024-{'fp8' if fp8 else 'bf16'}", label="", axes="",
+                      method="cupti", iters=5, trials=2, median_us=us, min_us=us, max_us=us, spread_us=0.0,
+                      trial_medians_us=[us], size=1)
+
+    rows = [row("dsactl-attention", False, 600.0), row("flashmla", False, 580.0),
+            row("dsactl-attention-fp8kv", True, 640.0)]
+    report.write_csv(tmp_path / "prefill.csv", BenchRun(meta={}, results=rows))
+    without = results.prefill(tmp_path).splitlines()
+    assert len(without) == 2 + 5 and not any("upconverted" in line for line in without)
+    rows.append(row("flashmla-upconvert", True, 620.0))
+    report.write_csv(tmp_path / "prefill.csv", BenchRun(meta={}, results=rows))
+    assert results.prefill(tmp_path).splitlines()[-2:] == [
+        "| 64 | FlashMLA, FP8 KV upconverted to bf16 | 620.0 |",
+        "| 64 | FlashMLA upconverted / dsactl, FP8 KV | 0.97 |"]
+
+
 def test_scores_without_a_reference_keep_the_mean_latency():
     rows = [r for r in _run().results if r.kind != "reference"]
     for r in rows:
@@ -764,6 +787,36 @@ def test_forced_kernel_plugins_serve_where_their_kernel_takes_the_call_and_run_t
     assert seen == ["triton"]
     verdict = check(call.definition, call.inputs, call.outputs)
     assert verdict.passed, "\n".join(verdict.problems)
+
+
+def test_flashmla_upconvert_plugin_times_the_caches_bf16_rows_then_flashmlas_prefill_kernel():
+    """flashmla-upconvert: FP8 caches of 64-token pages at FlashMLA's head counts (padded below 64); its bound
+    call converts the cache to bf16 rows, the dequantized cache, each call, and hands them with q padded to 64
+    heads and the ids as [T, 1, topk] to flash_mla_sparse_fwd."""
+    from dsactl.fp8 import dequantize_mla_kv
+
+    base = "dsa_sparse_attention_h{}_ckv512_kpe64_topk2048_ps{}"
+    assert baselines.serves("flashmla-upconvert", get(base.format(16, 64) + "_fp8kv"))
+    assert baselines.serves("flashmla-upconvert", get(base.format(128, 64) + "_fp8kv_sink"))
+    assert not baselines.serves("flashmla-upconvert", get(base.format(128, 64)))
+    assert not baselines.serves("flashmla-upconvert", get(base.format(64, 32) + "_fp8kv"))
+    workload = next(w for w in workloads.suite("edge") if w.uuid == "edge-attention-mixed-scales-h16-fp8")
+    call = harness.prepare(workload, "cpu", seed=4)
+    x = call.inputs
+    seen = []
+    module = SimpleNamespace(flash_mla_sparse_fwd=lambda *a, **kw: seen.append((a, kw)))
+    bound = next(p for p in baselines.PLUGINS if p.name == "flashmla-upconvert").adapter(module, call)
+    bound()
+    bound()
+    assert len(seen) == 2, "the conversion and the kernel run on every timed call"
+    (q, kv, indices, scale, d_v), kw = seen[0]
+    assert kw == {} and d_v == 512 and scale == x["sm_scale"]
+    assert q.shape[1] == 64 and torch.equal(q[:, :16, :512], x["q_nope"]) and not bool(q[:, 16:].any())
+    assert torch.equal(indices[:, 0], x["sparse_indices"])
+    ckv, kpe = dequantize_mla_kv(x["kv_cache"].flatten(0, 1))
+    full = torch.cat([ckv, kpe], 1)
+    assert kv.shape == (full.shape[0], 1, 576) and kv.dtype == torch.bfloat16
+    assert torch.allclose(kv[:, 0].float(), full, rtol=2**-7, atol=0)  # bf16 rounding (the interpreter truncates)
 
 
 def test_deepgemm_plugin_serves_the_prefill_indexer_with_its_logits_under_the_chunked_top_k(monkeypatch):

@@ -1,5 +1,6 @@
 """The FP8 cache staged as fp16 rows (kernels/attention/fp8_staging.py): the Triton kernel against a torch
-emulation of the Hopper kernel's own conversion (store_fp8), bit for bit."""
+emulation of the Hopper kernel's own conversion (store_fp8), bit for bit; and upconverted to bf16 rows, as
+engines do before FlashMLA's bf16 prefill kernel."""
 
 from __future__ import annotations
 
@@ -62,11 +63,26 @@ def test_staged_rows_are_the_fp8_paths_fp16_values_bit_for_bit(device):
     assert bool((error <= 2.0**-10 * want.abs() + 2.0**-24 * factors.cpu()[:, None]).all())
 
 
-def test_stage_refuses_what_is_not_a_contiguous_fp8_cache():
+@pytest.mark.parametrize("device", DEVICES)
+def test_upconverted_rows_are_the_dequantized_cache_rounded_once_to_bf16(device):
+    cache = _cache(5, device, seed=12)
+    rows = fp8_staging.upconvert(cache)
+    ckv, kpe = fp8.dequantize_mla_kv(cache.cpu().reshape(-1, fp8.MLA_TOKEN_BYTES))
+    full = torch.cat([ckv, kpe], 1)  # fp32; the rope values are bf16 already
+    if device == "cpu":  # Triton's interpreter rounds fp32 -> bf16 toward zero, a GPU to the nearest even
+        want = (full.view(torch.int32) >> 16).to(torch.int16)
+    else:
+        want = full.to(torch.bfloat16).view(torch.int16)
+    assert rows.shape == (5 * 64, fp8_staging.ROW_DIM) and rows.dtype == torch.bfloat16
+    assert torch.equal(rows.cpu().view(torch.int16), want)
+
+
+@pytest.mark.parametrize("convert", [fp8_staging.stage, fp8_staging.upconvert])
+def test_both_forms_refuse_what_is_not_a_contiguous_fp8_cache(convert):
     cache = _cache(2, "cpu", seed=1)
     for bad in (cache.view(torch.uint8), cache[..., :640], cache.transpose(0, 1)):
         with pytest.raises(KernelInputError, match="kv_cache must be"):
-            fp8_staging.stage(bad)
-    rows, factors = fp8_staging.stage(cache[:0])
-    assert rows.shape == (0, fp8_staging.ROW_DIM) and factors.shape == (0,)
+            convert(bad)
+    empty = convert(cache[:0])
+    assert (empty[0] if isinstance(empty, tuple) else empty).shape == (0, fp8_staging.ROW_DIM)
 

@@ -11,6 +11,8 @@ names pick among the others (default: all that serve the definition):
   flashinfer    FlashInfer's top_k_page_table_transform (top-k definitions)
   flashmla      FlashMLA's sparse attention (attention definitions): its decode kernel for FP8 KV, its
                 prefill kernel for bf16 KV; under 64 heads q is padded to 64 heads, as engines do
+  flashmla-upconvert  FlashMLA's prefill path on an FP8 cache as engines run it (FP8 KV definitions of 64-token
+                pages): the cache upconverted to bf16 rows, then its bf16 prefill kernel, both in the timed call
   deepgemm      DeepGEMM's ragged FP8 logits (fp8_mqa_logits, compressed rows) under this project's chunked
                 exact top-k (prefill indexer definitions): the logits-then-top-k path engines run, with the
                 chunks and the top-k of dsactl-prefill-indexer, so the two differ only in the logits kernel
@@ -97,6 +99,16 @@ def _flashmla_q(x: dict, heads: int) -> torch.Tensor:
     return torch.nn.functional.pad(q, (0, 0, 0, padded - heads)).contiguous()
 
 
+def _flashmla_extras(x: dict, d: Definition, q: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The definition's optional FlashMLA arguments: topk_length, and the sink padded to q's heads."""
+    extra = {}
+    if d.params["has_topk_length"]:
+        extra["topk_length"] = x["topk_length"]
+    if d.params["has_sink"]:
+        extra["attn_sink"] = torch.nn.functional.pad(x["attn_sink"], (0, q.shape[1] - d.params["heads"]))
+    return extra
+
+
 def _flashmla_attention(module: Any, call: Call) -> Callable[[], Any]:
     """FP8 KV: the sparse decode kernel, each query token one batch entry of one query (q [T, 1, H, 576], the
     656-byte cache as [pages, 64, 1, 656] e4m3 bytes, indices [T, 1, topk]). bf16 KV: the sparse prefill kernel
@@ -104,11 +116,7 @@ def _flashmla_attention(module: Any, call: Call) -> Callable[[], Any]:
     into one [tokens, 1, 576] cache once, outside the timed call."""
     x, d = call.inputs, call.definition
     q = _flashmla_q(x, d.params["heads"])
-    extra = {}
-    if d.params["has_topk_length"]:
-        extra["topk_length"] = x["topk_length"]
-    if d.params["has_sink"]:
-        extra["attn_sink"] = torch.nn.functional.pad(x["attn_sink"], (0, q.shape[1] - d.params["heads"]))
+    extra = _flashmla_extras(x, d, q)
     indices = x["sparse_indices"].unsqueeze(1).contiguous()
     if not d.params["fp8kv"]:
         kv = torch.cat([x["ckv_cache"], x["kpe_cache"]], dim=-1).flatten(0, 1).unsqueeze(1).contiguous()
@@ -119,6 +127,29 @@ def _flashmla_attention(module: Any, call: Call) -> Callable[[], Any]:
     meta, splits = module.get_mla_metadata(seqlens, q.shape[2], 1, q.shape[2], True, d.params["topk"])
     return functools.partial(module.flash_mla_with_kvcache, q, kv, None, seqlens, MLA_CKV_DIM, meta, splits,
                              softmax_scale=x["sm_scale"], is_fp8_kvcache=True, indices=indices, **extra)
+
+
+def _flashmla_upconvert(module: Any, call: Call) -> Callable[[], Any]:
+    """FP8 KV the way engines feed FlashMLA's bf16-only prefill kernel (vLLM's flashmla_sparse backend: "upconvert
+    the FP8 cache to BF16, then the prefill kernel"): the whole cache to bf16 rows [tokens, 1, 576] by a
+    bandwidth-bound Triton kernel (fp8_staging.upconvert), then flash_mla_sparse_fwd; both are timed."""
+    from dsactl.kernels.attention import fp8_staging
+
+    x, d = call.inputs, call.definition
+    q = _flashmla_q(x, d.params["heads"])
+    extra = _flashmla_extras(x, d, q)
+    indices = x["sparse_indices"].unsqueeze(1).contiguous()
+
+    def run():
+        kv = fp8_staging.upconvert(x["kv_cache"]).unsqueeze(1)
+        return module.flash_mla_sparse_fwd(q, kv, indices, x["sm_scale"], MLA_CKV_DIM, **extra)
+    return run
+
+
+def _upconvert_serves(d: Definition) -> bool:
+    """FP8 KV of 64-token pages (each id a row of the upconverted cache) at heads FlashMLA takes, padded or not."""
+    return (stage(d) == "attention" and d.params["fp8kv"] and d.params["page_size"] == PAGE_SIZE
+            and d.params["heads"] <= max(FLASHMLA_HEADS))
 
 
 PADDED_HEADS = 64  # our 64-head path (the Hopper kernel on sm_90): what padding a shard would cost here
@@ -198,6 +229,7 @@ PLUGINS = (
     Plugin("flashinfer", "flashinfer", lambda d: stage(d) == "topk", _flashinfer_topk),
     Plugin("flashmla", "flash_mla",
            lambda d: stage(d) == "attention" and d.params["heads"] <= max(FLASHMLA_HEADS), _flashmla_attention),
+    Plugin("flashmla-upconvert", "flash_mla", _upconvert_serves, _flashmla_upconvert),
     Plugin("deepgemm", "deep_gemm", lambda d: stage(d) == "prefill_indexer", _deepgemm_prefill_indexer),
     Plugin("dsactl-padded64", "dsactl.kernels.attention.solution",
            lambda d: stage(d) == "attention" and d.params["heads"] < PADDED_HEADS, _padded_attention),
