@@ -66,7 +66,7 @@ def builds(tmp_path_factory):
 def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds):
     rows, arch_dir = builds["sm90a"]
     # (FP8 KV, CTAs sharing one gather, Q by TMA, FP8 staged as fp16 rows, L2 prefetch): bf16 alone, Q by
-    # cp.async (long splits) or TMA (short); FP8 alone (64 heads), with the L2 prefetch (whole rows) and in
+    # cp.async (below 64 heads, several positions a request) or TMA (the rest); FP8 alone (64 heads), with the L2 prefetch (whole rows) and in
     # 2-CTA clusters (128); FP8 staged, alone.
     kernel = "hopper_mla::hopper_mla_kernel"
     assert {(r.kernel, r.configuration) for r in rows} == {(kernel, "false, 1, false, false, false"),
@@ -90,7 +90,7 @@ def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds
                         "SYNCS.PHASECHK", "LDGSTS"):
         assert instruction in sass, instruction
     assert "LDL" not in sass and "STL" not in sass
-    # Short bf16 splits take Q by TMA: the 8 ckv boxes and the kpe box, in that kernel alone.
+    # bf16 of whole 64-head groups takes Q by TMA: the 8 ckv boxes and the kpe box, in that kernel alone.
     kernels = dict(re.findall(r"Function : (\S+)\n(.*?)(?=\n\s*Function : |\Z)", sass, re.S))
     tma = [name for name, body in kernels.items() if "UTMALDG.3D" in body]
     assert len(tma) == 1 and "ILb0ELi1ELb1ELb0ELb0E" in tma[0], list(kernels)

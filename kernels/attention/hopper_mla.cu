@@ -74,10 +74,10 @@
 //     did not), at half fp32's traffic. They leave through shared memory, a warp storing 512
 //     contiguous bytes (write_result). Two splits instead merge in their cluster through distributed
 //     shared memory (reduce_cluster; kClusterSplits says why only two).
-//   - Q: bf16 splits of at most kQTmaMaxBlocks blocks load it by TMA (two tensor maps built per call,
-//     one thread issuing nine 64 x 64 boxes, 128-byte swizzled as the resident tile is), overlapping
-//     the first block's gather, only consumer 0 waiting for it; longer bf16 splits by every thread
-//     before the roles start (cp.async); FP8 by the consumers, converting it to fp16 (see the kernel).
+//   - Q: bf16 loads it by TMA (two tensor maps built per call, one thread issuing nine 64 x 64 boxes,
+//     128-byte swizzled as the resident tile is), overlapping the first block's gather, only consumer 0
+//     waiting for it; below 64 heads or with several positions a request, by every thread before the
+//     roles start (cp.async); FP8 by the consumers, converting it to fp16 (see the kernel).
 //
 // FP8 KV runs the MMAs in fp16, not bf16: e4m3 x fp32 scale rounded to bf16 (8-bit mantissa) fails
 // the contest tolerance (1e-2 abs and rel; modelled in hopper_model.py for the CPU tests, counted in
@@ -135,10 +135,6 @@ constexpr int kClusterMinBlocks = 2;
 // cluster's producers measured slower with it (counts in between unmeasured; docs/design.md, "Measured
 // choices").
 constexpr int kL2PrefetchMinTokens = 32 * kBlockTokens;
-// bf16 loads Q by TMA in splits of at most this many blocks, where Q's load is a large part of the
-// CTA's time; longer splits copy it with every thread first, which there beats TMA's overlap with the
-// gather (docs/design.md, "Measured choices").
-constexpr int kQTmaMaxBlocks = 4;
 constexpr int kMmaK = 16;   // wgmma K for bf16
 // Two splits merged in a cluster (Params::reduce_in_cluster): the 2 split CTAs of one (token, head
 // group) form one cluster (dims (1, 2, 1)); each stages its fp32 partial in its own shared memory and,
@@ -1379,11 +1375,11 @@ __device__ __forceinline__ void load_q_bf16(const Params& p, const Smem& sm, con
   fence_proxy_async();
 }
 
-// bf16, short splits: Q as it is, by TMA from one thread: the 8 ckv chunks and the kpe chunk of this
-// head group, one 64 x 64 box each, completing their bytes on q_full (initialized by this thread just
-// before). TMA's 128-byte swizzle puts element (r, 8k + e) of a box at r * 128 + ((k ^ (r % 8)) * 16)
-// + 2e of its 1024-aligned destination: the resident tile's layout (top of the file). Flat tokens only
-// (positions 1), so the token is the grid's z.
+// bf16 (whole 64-head groups of flat tokens): Q as it is, by TMA from one thread: the 8 ckv chunks and the kpe
+// chunk of this head group, one 64 x 64 box each, completing their bytes on q_full (initialized by this thread just
+// before). TMA's 128-byte swizzle puts element (r, 8k + e) of a box at r * 128 + ((k ^ (r % 8)) * 16) + 2e of its
+// 1024-aligned destination: the resident tile's layout (top of the file). Flat tokens only (positions 1), so the
+// token is the grid's z.
 __device__ __forceinline__ void load_q_bf16_tma(const QMaps& maps, const Smem& sm, const Work& w) {
   static_assert(kChunkElems * 2 == kSwizzleBytes && kChunkBytes == kHeadsPerCta * kSwizzleBytes,
                 "a box is one swizzled chunk: 64 heads x 128 bytes");
@@ -1495,12 +1491,12 @@ __global__ void __launch_bounds__(kThreads, 1) hopper_mla_kernel(const __grid_co
   // The peer's ring, at the same offsets of its (identically laid out) shared memory.
   const int rank = kPeers > 1 ? static_cast<int>(cluster_ctarank()) : 0;
   const uint32_t peer_delta = kPeers > 1 ? mapa_shared(sm.base, rank ^ 1) - sm.base : 0;
-  // bf16, short splits: Q by TMA (above), landing while the producer gathers the first block; only
-  // consumer 0, its reader, waits for it. Both ways of overlapping it by cp.async lost (the consumers
-  // loading it, or the producer issuing it ahead of block 0): their copies competed with the gather's.
-  // Longer bf16 splits: by every thread first (kQTmaMaxBlocks says why). FP8: by the consumers,
-  // converting it while the producer gathers the first block, which beats every thread loading it
-  // first (docs/design.md, "Measured choices").
+  // bf16: Q by TMA (above), landing while the producer gathers the first block; only consumer 0, its
+  // reader, waits for it. Both ways of overlapping it by cp.async lost (the consumers loading it, or the
+  // producer issuing it ahead of block 0): their copies competed with the gather's. Below 64 heads or
+  // with several positions a request (no whole 64-head box of flat tokens): by every thread first.
+  // FP8: by the consumers, converting it while the producer gathers the first block, which beats every
+  // thread loading it first (docs/design.md, "Measured choices").
   if constexpr (!kFp8 && !kQTma) load_q_bf16(p, sm, w);
   // The initialized barriers (and the cp.async Q) are visible to every warpgroup, and to the peer, whose
   // producer arrives and copies into them, before any role starts.
@@ -1569,7 +1565,7 @@ bool aligned16(const void* ptr) { return reinterpret_cast<uintptr_t>(ptr) % 16 =
 // A row stride (in bf16 elements) that keeps every row 16-byte aligned.
 bool row_aligned(long long stride) { return stride % 8 == 0; }
 
-// bf16, short splits: the TMA view of q_nope / q_pe as [tokens][heads][dim] bf16 with
+// bf16: the TMA view of q_nope / q_pe as [tokens][heads][dim] bf16 with
 // 64-wide x 64-head boxes and 128-byte swizzle (load_q_bf16_tma). Built per call (the pointers change;
 // encoding is host-only work). The alignment checks before it are TMA's: 16-byte base and strides.
 int q_tensor_maps(const Params& p, int num_tokens, QMaps& maps) {
@@ -1727,7 +1723,7 @@ int dsa_hopper_mla_decode(const void* q_nope, long long q_nope_stride_t, long lo
   if (kv_format == kKvBf16) {
     // Q by TMA takes whole 64-head boxes of flat tokens: below 64 heads Q comes by cp.async, the missing rows
     // zero-filled, and so does Q in requests of several positions.
-    if (split0_tokens > kBlockTokens * kQTmaMaxBlocks || heads < kHeadsPerCta || positions > 1) {
+    if (heads < kHeadsPerCta || positions > 1) {
       return launch<false, 1, false>(p, num_tokens, stream);
     }
     QMaps maps{};
