@@ -99,14 +99,17 @@ def _flashmla_q(x: dict, heads: int) -> torch.Tensor:
     return torch.nn.functional.pad(q, (0, 0, 0, padded - heads)).contiguous()
 
 
-def _flashmla_extras(x: dict, d: Definition, q: torch.Tensor) -> dict[str, torch.Tensor]:
-    """The definition's optional FlashMLA arguments: topk_length, and the sink padded to q's heads."""
+def _flashmla_args(call: Call) -> tuple[torch.Tensor, torch.Tensor, dict[str, torch.Tensor]]:
+    """What every FlashMLA call takes of the definition's: q padded to its heads, the ids as [T, 1, topk], and the
+    optional arguments (topk_length, the sink padded to q's heads)."""
+    x, d = call.inputs, call.definition
+    q = _flashmla_q(x, d.params["heads"])
     extra = {}
     if d.params["has_topk_length"]:
         extra["topk_length"] = x["topk_length"]
     if d.params["has_sink"]:
         extra["attn_sink"] = torch.nn.functional.pad(x["attn_sink"], (0, q.shape[1] - d.params["heads"]))
-    return extra
+    return q, x["sparse_indices"].unsqueeze(1).contiguous(), extra
 
 
 def _flashmla_attention(module: Any, call: Call) -> Callable[[], Any]:
@@ -115,9 +118,7 @@ def _flashmla_attention(module: Any, call: Call) -> Callable[[], Any]:
     (`flash_mla_sparse_fwd`, the only FlashMLA kernel that reads bf16 sparse KV), over ckv and kpe concatenated
     into one [tokens, 1, 576] cache once, outside the timed call."""
     x, d = call.inputs, call.definition
-    q = _flashmla_q(x, d.params["heads"])
-    extra = _flashmla_extras(x, d, q)
-    indices = x["sparse_indices"].unsqueeze(1).contiguous()
+    q, indices, extra = _flashmla_args(call)
     if not d.params["fp8kv"]:
         kv = torch.cat([x["ckv_cache"], x["kpe_cache"]], dim=-1).flatten(0, 1).unsqueeze(1).contiguous()
         return functools.partial(module.flash_mla_sparse_fwd, q, kv, indices, x["sm_scale"], MLA_CKV_DIM, **extra)
@@ -135,10 +136,8 @@ def _flashmla_upconvert(module: Any, call: Call) -> Callable[[], Any]:
     bandwidth-bound Triton kernel (fp8_staging.upconvert), then flash_mla_sparse_fwd; both are timed."""
     from dsactl.kernels.attention import fp8_staging
 
-    x, d = call.inputs, call.definition
-    q = _flashmla_q(x, d.params["heads"])
-    extra = _flashmla_extras(x, d, q)
-    indices = x["sparse_indices"].unsqueeze(1).contiguous()
+    x = call.inputs
+    q, indices, extra = _flashmla_args(call)
 
     def run():
         kv = fp8_staging.upconvert(x["kv_cache"]).unsqueeze(1)

@@ -24,9 +24,15 @@ def row_keys(ks, ke, t: int, num_keys: int) -> tuple[int, int]:
     return start, min(max(int(ke[t]), start), num_keys)
 
 
+def keys_logits(q, k, w, scale):
+    """float32 logits [R, S'] of query rows q [R, H, D] over keys k [S', D] (w [R, H], scale [S'], all float):
+    scale[s] * sum_h w[h] * relu(q[h] . k[s])."""
+    return ((q @ k.T).relu() * w[:, :, None]).sum(dim=1) * scale
+
+
 def row_logits(q, k, w, scale, t: int, start: int, end: int):
     """Row t's float32 logits over keys [start, end) (q [T, H, D], k [S, D], w [T, H], scale [S] as float)."""
-    return ((q[t] @ k[start:end].T).relu() * w[t][:, None]).sum(dim=0) * scale[start:end]
+    return keys_logits(q[t:t + 1], k[start:end], w[t:t + 1], scale[start:end])[0]
 
 
 def reference(q_index_fp8, k_index_fp8, k_index_scale, weights, ks, ke, topk=2048):

@@ -35,7 +35,7 @@ from typing import Any, Mapping
 import torch
 
 from dsactl.definitions import Definition
-from dsactl.definitions.prefill_indexer import row_keys, row_logits
+from dsactl.definitions.prefill_indexer import keys_logits, row_keys
 from dsactl.definitions.topk import rank_key
 from dsactl.errors import DsactlError
 from dsactl.fp8 import INDEX_HEAD_DIM, PAGE_SIZE, dequantize_index_k
@@ -266,8 +266,8 @@ def check_prefill_ids(actual: torch.Tensor, inputs: Mapping[str, Any], tol: Tole
     keys) by the reference's float32 logits, as key ids, -1 padded. Rows are first judged in blocks on the
     inputs' device (_right_prefill_rows); every row that block check cannot pass is judged as the indexer's rows
     are (check_row), its ids counted from the range's start, an id outside the range named apart."""
-    q, k, w, scale = inputs["q_index_fp8"], inputs["k_index_fp8"].float(), inputs["weights"], \
-        inputs["k_index_scale"].float()
+    q, w = inputs["q_index_fp8"], inputs["weights"]  # made float a block or a row at a time (2 GiB at 64K rows)
+    k, scale = inputs["k_index_fp8"].float(), inputs["k_index_scale"].float()
     num_keys = k.shape[0]
     v = Verdict()
     topk = actual.shape[-1]
@@ -278,7 +278,7 @@ def check_prefill_ids(actual: torch.Tensor, inputs: Mapping[str, Any], tol: Tole
     wrong = 0
     for t in (~right.cpu()).nonzero().flatten().tolist():
         start, end = row_keys(ks, ke, t, num_keys)
-        scores = row_logits(q[t:t + 1].float(), k, w[t:t + 1].float(), scale, 0, start, end)
+        scores = keys_logits(q[t:t + 1].float(), k[start:end], w[t:t + 1].float(), scale[start:end])[0]
         ids = flat[t]
         outside = (ids >= 0) & ((ids < start) | (ids >= end))
         if bool(outside.any()):
@@ -322,8 +322,7 @@ def _right_prefill_rows(ids: torch.Tensor, q, k, w, scale, ks, ke, tol: Toleranc
         ordered = torch.sort(torch.where(chosen, block, -1 - torch.arange(topk, device=device)), 1).values
         ok &= (ordered[:, 1:] != ordered[:, :-1]).all(1)  # distinct ids (each -1 slot made distinct above)
         if hi > lo:
-            logits = (torch.einsum("rhd,sd->rhs", q[t0:t1].float(), k[lo:hi]).relu()
-                      * w[t0:t1].float()[:, :, None]).sum(1) * scale[lo:hi]
+            logits = keys_logits(q[t0:t1].float(), k[lo:hi], w[t0:t1].float(), scale[lo:hi])
             key = torch.arange(lo, hi, device=device)
             inside = (key >= first) & (key < last)
             ok &= torch.where(inside, logits.isfinite(), True).all(1)
