@@ -175,7 +175,8 @@ def test_to_json_is_flashinfer_shaped():
 
 
 @pytest.mark.parametrize("name", [definitions.CONTEST_INDEXER, "dsa_topk_page_transform_topk512_ps64_bf16",
-                                  "dsa_sparse_attention_h32_ckv512_kpe64_topk128_ps64_fp8kv_lsee_topklen_sink"])
+                                  "dsa_sparse_attention_h32_ckv512_kpe64_topk128_ps64_fp8kv_lsee_topklen_sink",
+                                  "dsa_prefill_indexer_fp8_h32_d64_topk512"])
 def test_json_reference_is_self_contained_and_computes_the_same(name):
     d = definitions.get(name)
     j = d.to_json()
@@ -184,9 +185,11 @@ def test_json_reference_is_self_contained_and_computes_the_same(name):
     assert "dsactl" not in j["reference"]
     small = {"dsa_topk_indexer": {"batch_size": 2, "num_pages": 10, "max_num_pages": 3},
              "dsa_topk_page": {"num_rows": 2, "max_len": 700},
-             "dsa_sparse_attention": {"num_tokens": 2, "num_pages": 4}}
+             "dsa_sparse_attention": {"num_tokens": 2, "num_pages": 4},
+             "dsa_prefill_indexer": {"num_tokens": 40, "num_keys": 700}}
     axes = next(v for k, v in small.items() if name.startswith(k))
-    params = {"seq_lens": (150, 9), "lengths": (700, 5), "pattern": "scattered", "valid": (3, 100)}
+    params = {"seq_lens": (150, 9), "lengths": (700, 5), "pattern": "scattered", "valid": (3, 100),
+              "prompts": (600, 100), "queries": (30, 10)}
     x = make_inputs(Workload("t", name, "test", "t", axes, params), "cpu", 4)
     want = d.run_reference(x)
     got = namespace["run"](**{n: x[n] for n in d.input_names})

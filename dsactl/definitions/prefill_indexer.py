@@ -79,7 +79,7 @@ def make(heads: int = 64, dim: int = 128, topk: int = 2048) -> Definition:
         outputs=(TensorSpec("topk_indices", ("num_tokens", "topk"), "int32", "key ids, -1 padded, any order"),),
         constraints=("all(0 <= ks[t] <= ke[t] <= num_keys for t in range(num_tokens))",),
         reference=reference,
-        reference_helpers=(rank_key,),
+        reference_helpers=(rank_key, row_keys, keys_logits, row_logits),
         params={"heads": heads, "dim": dim, "topk": topk},
         tags=("stage:prefill_indexer",),
     )
