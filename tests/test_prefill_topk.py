@@ -284,6 +284,20 @@ def test_fused_top_k_clamps_ranges_outside_the_keys_and_breaks_ties_by_the_lower
         assert sorted(out[i].tolist()) == [-1] * (64 - len(ids)) + ids, f"row {i}"
 
 
+def test_fused_top_k_keeps_the_lowest_ids_of_equal_logits_across_cuts():
+    """Every key equal over ranges of several list capacities: each cut must search past the logit into the ids
+    and keep the lowest; the answer is each row's first topk ids."""
+    topk = 64
+    S = 9 * pf.capacity(topk) // 2
+    ks, ke = [0, 3, 500, 0], [S, S, S - 7, 2 * topk]
+    q, k, k_scale, weights, ks_t, ke_t = _inputs(4, 32, 32, S, seed=11, ks=ks, ke=ke)
+    out = _poisoned_out(4, topk)
+    pf.prefill_topk_fused(q, k[:1].expand_as(k).contiguous(), torch.full_like(k_scale, 0.03), weights, ks_t, ke_t,
+                          out)
+    for i, start in enumerate(ks):
+        assert sorted(out[i].tolist()) == list(range(start, start + topk)), f"row {i}"
+
+
 def test_fused_top_k_refuses_calls_outside_the_contract_naming_the_argument():
     inputs = _inputs(4, 32, 32, 64, seed=1)
     for message, out in (("topk must be in", _poisoned_out(4, pt.MAX_TOPK + 1)),

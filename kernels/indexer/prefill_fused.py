@@ -67,20 +67,34 @@ def _pack(logit, pos):
 @triton.jit
 def _cut_list(buf_ptr, row, fill, thr, TOPK: tl.constexpr, CAP: tl.constexpr):
     """A row's list of `fill` entries cut in place to its best TOPK where it holds more: (entries, threshold)
-    after. The TOPK-th best is found bit by bit from the top (the largest value that TOPK entries reach, in the
-    packed values' unsigned form), and the entries at or above it keep their order."""
+    after. The TOPK-th best is found a byte at a time from the top, in the packed values' unsigned form: a
+    histogram of the byte over the entries that match the bytes found so far picks the byte's bin holding the
+    TOPK-th, and the search stops at the first bin that holds exactly the entries still needed: within the
+    logit's four bytes unless logits tie, eight passes at most. The entries at or above it keep their order."""
     kept = tl.minimum(fill, TOPK)
     if fill > TOPK:
         tl.debug_barrier()  # the entries were stored by other threads of the program
         c = tl.arange(0, CAP)
         ptrs = buf_ptr + row.to(tl.int64) * CAP + c
-        u = tl.load(ptrs, mask=c < fill, other=EMPTY).to(tl.uint64, bitcast=True) ^ SIGN
-        kth = tl.zeros([], tl.uint64)
-        bit = tl.full([], SIGN, tl.uint64)
-        for _ in range(64):  # a loop, not unrolled: unrolled, the cut spilled
-            kth = tl.where(tl.sum((u >= (kth | bit)).to(tl.int32), 0) >= TOPK, kth | bit, kth)
-            bit = bit >> 1
-        keep = u >= kth  # exactly TOPK: packed values are distinct
+        valid = c < fill
+        u = tl.load(ptrs, mask=valid, other=EMPTY).to(tl.uint64, bitcast=True) ^ SIGN
+        bins = tl.arange(0, 256)
+        kth = tl.zeros([], tl.uint64)  # the bytes found so far
+        high = tl.zeros([], tl.uint64)  # their bits
+        need = tl.full([], TOPK, tl.int32)  # entries still to take among those that match kth's bytes
+        shift = tl.full([], 56, tl.uint64)
+        searching = tl.full([], True, tl.int1)
+        while searching:
+            h = tl.histogram(((u >> shift) & 255).to(tl.int32), 256, mask=valid & ((u & high) == kth))
+            at_or_above = tl.cumsum(h, 0, reverse=True)
+            b = tl.max(tl.where(at_or_above >= need, bins, -1), 0)
+            need -= tl.sum(tl.where(bins > b, h, 0), 0)
+            # Packed values are distinct, so the last byte's bin holds exactly the entries needed.
+            searching = (tl.sum(tl.where(bins == b, h, 0), 0) != need) & (shift > 0)
+            kth = kth | (b.to(tl.uint64) << shift)
+            high = high | (tl.full([], 255, tl.uint64) << shift)
+            shift = shift - 8
+        keep = valid & (u >= kth)  # exactly TOPK: b's bin holds exactly those still needed
         slot = tl.cumsum(keep.to(tl.int32), 0) - 1
         tl.debug_barrier()  # every thread has read the list before any overwrites it
         tl.store(buf_ptr + row.to(tl.int64) * CAP + slot, (u ^ SIGN).to(tl.int64, bitcast=True), mask=keep)
