@@ -8,7 +8,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from dsactl import solutions, workloads
+from dsactl import probe, solutions, workloads
 from dsactl.bench import baselines, compare, metrics, plot, report, runner, served, timing
 from dsactl.bench.runner import BenchRun, Result, Settings
 from dsactl.cli import app
@@ -473,6 +473,21 @@ def test_baseline_names_resolve_and_missing_plugins_are_skipped():
     assert [(s.name, s.reason) for s in skipped] == [("flashmla", "does not serve this definition")]
     with pytest.raises(DsactlError, match="unknown baseline 'nope'"):
         baselines.resolve(d, ["nope"])
+
+
+def test_a_plugin_whose_first_call_crashes_a_child_process_is_skipped_with_the_signal(monkeypatch):
+    """A plug-in that imports but whose first call kills the process (a DeepGEMM build has): found in a child
+    process before the plug-in runs any call here, then listed as skipped with the reason."""
+    assert next(p for p in baselines.PLUGINS if p.name == "deepgemm").first_call == probe.DEEP_GEMM
+    crashing = baselines.Plugin("crashing", "json", lambda d: True, lambda module, call: None,
+                                first_call="import ctypes, json; ctypes.string_at(0)")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(DsactlError, match="json imports, but a first call in a child process was killed by SIGSEGV"):
+        crashing.contender()
+    monkeypatch.setattr(baselines, "PLUGINS", (crashing,))
+    found, skipped = baselines.resolve(get(TOPK_DEF), ["crashing"], include_reference=False)
+    assert found == [] and [(s.name, s.kind) for s in skipped] == [("crashing", "plugin")]
+    assert skipped[0].reason.endswith("killed by SIGSEGV")
 
 
 def _fake_timer(fn, iters, warmup):

@@ -217,9 +217,26 @@ def test_timing_without_deepgemm_built_in_the_checkout_says_so(fake, capsys, mon
     monkeypatch.setattr(sys, "path", list(sys.path))
     assert main(["deep_gemm", "--checkout", str(fake), "--time", str(fake / "t.csv")]) == 2
     err = capsys.readouterr().err
-    assert "DeepGEMM does not import from there (" in err and "reproduce.sh deepgemm-cases" in err
+    assert "DeepGEMM does not import or run from there (" in err and "reproduce.sh deepgemm-cases" in err
     assert len(err.strip().splitlines()) == 1 and not (fake / "t.csv").exists()
     assert "deep_gemm" not in sys.modules
+
+
+def test_a_deepgemm_whose_first_call_crashes_is_found_in_a_child_process_and_not_timed(fake, capsys, monkeypatch):
+    """DeepGEMM imports with every kernel the timing needs, but its first call kills the process (a build against
+    another CUDA or torch): the child process dies, not the run; one line naming the signal, exit 2, no CSV."""
+    from dsactl import probe
+
+    (fake / "deep_gemm" / "__init__.py").write_text(
+        "import ctypes\n"
+        + "".join(f"def {name}(*args, **kwargs):\n    pass\n" for name in timing.REAL_NEEDS)
+        + "def fp8_mqa_logits(*args, **kwargs):\n    ctypes.string_at(0)\n")
+    monkeypatch.setattr(probe, "DEEP_GEMM", "import deep_gemm; deep_gemm.fp8_mqa_logits()")
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    assert main(["deep_gemm", "--checkout", str(fake), "--time", str(fake / "t.csv")]) == 2
+    err = capsys.readouterr().err
+    assert "DeepGEMM does not import or run from there (a first call in a child process was killed by SIGSEGV" in err
+    assert len(err.strip().splitlines()) == 1 and not (fake / "t.csv").exists()
 
 
 def test_the_csv_says_how_it_was_made_is_rewritten_after_each_case_and_a_case_left_untimed_fails_the_run(
@@ -235,7 +252,7 @@ def test_the_csv_says_how_it_was_made_is_rewritten_after_each_case_and_a_case_le
         after_first.append(path.read_text())
         return timing.Timings("cupti", FP8_TFLOPS, rows, [("is_fp4=False, x=1", "failed: why")])
 
-    monkeypatch.setattr(cli, "_import_built", lambda checkout, name, needs: (Real(), ""))
+    monkeypatch.setattr(cli, "_import_built", lambda checkout, name, needs, first_call: (Real(), ""))
     monkeypatch.setattr(timing, "time_cases", time_cases)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "NVIDIA H100 80GB HBM3")
     (fake / "COMMIT").write_text("54e22612409371d6364144b69086735beb54e98b\n")

@@ -21,7 +21,8 @@ names pick among the others (default: all that serve the definition):
   dsactl-hopper, dsactl-mma, dsactl-triton  this project's attention with one kernel forced, wherever that
                 kernel takes the definition's heads and KV format: the dispatch's choice against each
                 alternative (the `dispatch` suite, profiles/reproduce.sh area dispatch)
-A plug-in that is not importable here is listed as skipped, never an error.
+A plug-in that is not importable here, or (deepgemm) whose first call fails or crashes a child process
+(dsactl.probe), is listed as skipped with the reason, never an error.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any, Callable
 
 import torch
 
-from dsactl import solutions
+from dsactl import probe, solutions
 from dsactl.definitions import Definition
 from dsactl.errors import DsactlError
 from dsactl.fp8 import MLA_CKV_DIM, PAGE_SIZE
@@ -212,6 +213,7 @@ class Plugin:
     module: str
     serves: Callable[[Definition], bool]
     adapter: Callable[[Any, Call], Callable[[], Any]]
+    first_call: str = ""  # code making a first call in a child process, before this one makes any (dsactl.probe)
 
     def contender(self) -> Contender:
         """The contender, or DsactlError saying why it cannot run here."""
@@ -221,6 +223,9 @@ class Plugin:
             module = importlib.import_module(self.module)
         except Exception as e:  # not installed, or built for another CUDA/torch
             raise DsactlError(f"cannot import {self.module} ({type(e).__name__}: {e})") from None
+        why = probe.cached_failure(self.first_call) if self.first_call else ""
+        if why:
+            raise DsactlError(f"{self.module} imports, but {why}")
         return Contender(self.name, "plugin", functools.partial(self.adapter, module))
 
 
@@ -229,7 +234,8 @@ PLUGINS = (
     Plugin("flashmla", "flash_mla",
            lambda d: stage(d) == "attention" and d.params["heads"] <= max(FLASHMLA_HEADS), _flashmla_attention),
     Plugin("flashmla-upconvert", "flash_mla", _upconvert_serves, _flashmla_upconvert),
-    Plugin("deepgemm", "deep_gemm", lambda d: stage(d) == "prefill_indexer", _deepgemm_prefill_indexer),
+    Plugin("deepgemm", "deep_gemm", lambda d: stage(d) == "prefill_indexer", _deepgemm_prefill_indexer,
+           probe.DEEP_GEMM),
     Plugin("dsactl-padded64", "dsactl.kernels.attention.solution",
            lambda d: stage(d) == "attention" and d.params["heads"] < PADDED_HEADS, _padded_attention),
     *(Plugin(f"dsactl-{impl}", "dsactl.kernels.attention.solution", functools.partial(_forced_serves, impl),

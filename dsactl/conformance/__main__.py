@@ -45,9 +45,12 @@ def main(argv: list[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def _import_built(checkout: Path, name: str, needs: tuple[str, ...]):
+def _import_built(checkout: Path, name: str, needs: tuple[str, ...], first_call: str = ""):
     """(the peer's module built in the checkout, "") or (None, why not) where it does not import from there with
-    `needs`; taken out of sys.modules, so that the name can then resolve to dsactl's drop-in."""
+    `needs`, or where first_call, code run in a child process with the checkout on its path, fails or crashes
+    (dsactl.probe); taken out of sys.modules, so that the name can then resolve to dsactl's drop-in."""
+    from dsactl import probe
+
     sys.path.insert(0, str(checkout))
     try:
         module = importlib.import_module(name)
@@ -56,7 +59,10 @@ def _import_built(checkout: Path, name: str, needs: tuple[str, ...]):
     finally:
         sys.modules.pop(name, None)
     missing = [n for n in needs if not hasattr(module, n)]
-    return (None, f"it has no {', '.join(missing)}") if missing else (module, "")
+    if missing:
+        return None, f"it has no {', '.join(missing)}"
+    why = probe.failure(first_call, [str(checkout)]) if first_call else ""
+    return (None, why) if why else (module, "")
 
 
 def _write_csv(csv_path: Path, comments: dict[str, str], columns: tuple[str, ...], rows: list[dict]) -> None:
@@ -104,12 +110,14 @@ def time_deep_gemm(checkout: Path, csv_path: Path) -> int:
     The CSV is rewritten after each case, so a run cut short keeps the cases it finished."""
     import torch
 
+    from dsactl import probe
+
     from . import deep_gemm_timing
     from .report import checkout_commit
 
-    real, why = _import_built(checkout, "deep_gemm", deep_gemm_timing.REAL_NEEDS)
+    real, why = _import_built(checkout, "deep_gemm", deep_gemm_timing.REAL_NEEDS, probe.DEEP_GEMM)
     if real is None:
-        print(f"{checkout}: DeepGEMM does not import from there ({why}; build it: profiles/reproduce.sh "
+        print(f"{checkout}: DeepGEMM does not import or run from there ({why}; build it: profiles/reproduce.sh "
               f"deepgemm-cases, docs/design.md Baselines)", file=sys.stderr)
         return 2
 
