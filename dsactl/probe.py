@@ -48,6 +48,6 @@ def failure(code: str, paths: Sequence[str] = (), timeout_s: float = TIMEOUT_S) 
 
 
 @functools.lru_cache(maxsize=None)
-def cached_failure(code: str, paths: tuple[str, ...] = ()) -> str:
-    """failure(), asked once a process for each code and paths (bench resolves its plug-ins per definition)."""
-    return failure(code, paths)
+def cached_failure(code: str) -> str:
+    """failure(code), asked once a process for each code (bench resolves its plug-ins per definition)."""
+    return failure(code)

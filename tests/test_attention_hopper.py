@@ -66,8 +66,8 @@ def builds(tmp_path_factory):
 def test_builds_for_sm90a_without_spills_local_memory_or_serialized_wgmma(builds):
     rows, arch_dir = builds["sm90a"]
     # (FP8 KV, CTAs sharing one gather, Q by TMA, FP8 staged as fp16 rows, L2 prefetch): bf16 alone, Q by
-    # cp.async (below 64 heads, several positions a request) or TMA (the rest); FP8 alone (64 heads), with the L2 prefetch (whole rows) and in
-    # 2-CTA clusters (128); FP8 staged, alone.
+    # cp.async (below 64 heads, several positions a request) or TMA (the rest); FP8 alone (64 heads), with the
+    # L2 prefetch (whole rows) and in 2-CTA clusters (128); FP8 staged, alone.
     kernel = "hopper_mla::hopper_mla_kernel"
     assert {(r.kernel, r.configuration) for r in rows} == {(kernel, "false, 1, false, false, false"),
                                                            (kernel, "false, 1, true, false, false"),

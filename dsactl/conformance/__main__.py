@@ -9,6 +9,8 @@ import importlib
 import sys
 from pathlib import Path
 
+from dsactl import probe
+
 from .report import write
 
 RUNNERS = ("flash_mla", "deep_gemm")
@@ -49,8 +51,6 @@ def _import_built(checkout: Path, name: str, needs: tuple[str, ...], first_call:
     """(the peer's module built in the checkout, "") or (None, why not) where it does not import from there with
     `needs`, or where first_call, code run in a child process with the checkout on its path, fails or crashes
     (dsactl.probe); taken out of sys.modules, so that the name can then resolve to dsactl's drop-in."""
-    from dsactl import probe
-
     sys.path.insert(0, str(checkout))
     try:
         module = importlib.import_module(name)
@@ -109,8 +109,6 @@ def time_deep_gemm(checkout: Path, csv_path: Path) -> int:
     `deep_gemm` resolves to ours), one CSV row a case and a line each; exit 1 where a case could not be timed.
     The CSV is rewritten after each case, so a run cut short keeps the cases it finished."""
     import torch
-
-    from dsactl import probe
 
     from . import deep_gemm_timing
     from .report import checkout_commit
